@@ -1,0 +1,5 @@
+import sys
+
+from cellplane_operator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,45 @@
+"""The operator package's one error hierarchy.
+
+Adapters translate the errors of the libraries they wrap (gRPC, psycopg, the
+Kubernetes client) into these, so callers never branch on a third-party type;
+the kopf handlers map them to ``kopf.TemporaryError`` or ``kopf.PermanentError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CellplaneError",
+    "StoreError",
+    "StoreUnavailableError",
+    "LocalPlaneError",
+    "ProcessStartError",
+    "BinaryNotFoundError",
+]
+
+
+class CellplaneError(Exception):
+    """Base of every error cellplane raises on purpose."""
+
+
+class StoreError(CellplaneError):
+    """The ownership store (etcd) refused or failed an operation."""
+
+
+class StoreUnavailableError(StoreError):
+    """No etcd member confirmed the operation within the configured time.
+
+    Raised when every member is down, or when the live members have lost quorum
+    and cannot commit: the caller must treat the outcome of a write as unknown.
+    """
+
+
+class LocalPlaneError(CellplaneError):
+    """The local control plane (etcd, kube-apiserver, Postgres) failed to start or stop."""
+
+
+class ProcessStartError(LocalPlaneError):
+    """A managed process exited or never became ready; the message names its log."""
+
+
+class BinaryNotFoundError(LocalPlaneError):
+    """A program the local control plane needs is not installed or not built yet."""

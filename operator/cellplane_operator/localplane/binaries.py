@@ -1,0 +1,73 @@
+"""Where the real programs are, at the versions pinned in ``hack/versions.env``.
+
+``hack/build-binaries.sh`` builds kube-apiserver, kubectl and etcd into a cache
+outside the repository; PostgreSQL comes from Debian's packages. This module only
+finds them and says clearly what to run when one is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cellplane_operator.errors import BinaryNotFoundError
+
+__all__ = ["Binaries", "default_cache_dir"]
+
+_BUILD_HINT = "run `bash hack/setup.sh` (it builds the pinned versions from their Go modules)"
+
+
+def default_cache_dir() -> Path:
+    """The cache ``hack/build-binaries.sh`` writes to (``$CELLPLANE_CACHE`` overrides it)."""
+    if explicit := os.environ.get("CELLPLANE_CACHE"):
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "cellplane"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of every program the local control plane starts."""
+
+    kube_apiserver: Path
+    """kube-apiserver built from k8s.io/kubernetes at the pinned release."""
+    kubectl: Path
+    """kubectl built from the same modules as the apiserver."""
+    etcd: Path
+    """etcd built from go.etcd.io/etcd/server/v3 at the pinned release."""
+    postgres_bin: Path
+    """The directory of PostgreSQL's server programs (initdb, postgres, pg_ctl, ...)."""
+
+    @classmethod
+    def discover(cls, *, postgres_major: int = 15) -> Binaries:
+        bin_dir = Path(os.environ.get("CELLPLANE_BIN_DIR") or default_cache_dir() / "bin")
+        found = cls(
+            kube_apiserver=bin_dir / "kube-apiserver",
+            kubectl=bin_dir / "kubectl",
+            etcd=bin_dir / "etcd",
+            postgres_bin=_postgres_bin(postgres_major),
+        )
+        found.check()
+        return found
+
+    def check(self) -> None:
+        for path in (self.kube_apiserver, self.kubectl, self.etcd):
+            if not os.access(path, os.X_OK):
+                raise BinaryNotFoundError(f"{path} is missing: {_BUILD_HINT}")
+        if not os.access(self.postgres_bin / "postgres", os.X_OK):
+            raise BinaryNotFoundError(
+                f"PostgreSQL server programs not found in {self.postgres_bin}: {_BUILD_HINT}"
+            )
+
+    def pg(self, program: str) -> str:
+        return str(self.postgres_bin / program)
+
+
+def _postgres_bin(major: int) -> Path:
+    debian = Path(f"/usr/lib/postgresql/{major}/bin")
+    if debian.is_dir():
+        return debian
+    on_path = shutil.which("pg_ctl")
+    return Path(on_path).resolve().parent if on_path else debian

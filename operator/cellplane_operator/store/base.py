@@ -1,0 +1,33 @@
+"""The interface every ownership-table store offers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["KeyValueStore", "VersionedValue"]
+
+
+@dataclass(frozen=True)
+class VersionedValue:
+    value: bytes
+    mod_revision: int
+    """The store-wide revision of the write that produced this value."""
+    version: int
+    """How many times this key was written since it was (re)created."""
+
+
+class KeyValueStore(Protocol):
+    async def get(self, key: str) -> VersionedValue | None:
+        """The key's value, read linearizably, or None if absent."""
+
+    async def put(self, key: str, value: bytes) -> int:
+        """Writes unconditionally; returns the revision of the write."""
+
+    async def put_if_revision(self, key: str, value: bytes, *, mod_revision: int) -> bool:
+        """Writes only if the key's last write was at ``mod_revision`` (0: the key is absent)."""
+
+    async def delete(self, key: str) -> bool:
+        """Deletes the key; True if it existed."""
+
+    async def close(self) -> None: ...

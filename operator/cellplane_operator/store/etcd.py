@@ -1,0 +1,126 @@
+"""``KeyValueStore`` on a real etcd cluster, through aetcd.
+
+aetcd talks to one endpoint per client, so this adapter keeps one client per
+member and moves on to the next member when the current one is unreachable.
+Every operation has one time budget for all members together: when quorum is
+lost a member accepts the request and never commits it, and the caller must
+hear so within a bounded time, as ``StoreUnavailableError``, not as a raw gRPC
+error or a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import aetcd
+
+from cellplane_operator.errors import StoreError, StoreUnavailableError
+from cellplane_operator.store.base import VersionedValue
+
+__all__ = ["EtcdStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A pause before cycling through the members again, so a cluster with every
+# member down is not hammered in a tight loop until the deadline.
+_ROUND_PAUSE_SECONDS = 0.1
+
+
+class EtcdStore:
+    def __init__(self, endpoints: Sequence[str], *, timeout: float = 5.0) -> None:
+        if not endpoints:
+            raise ValueError("EtcdStore needs at least one endpoint (host:port)")
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self._endpoints = list(endpoints)
+        self._timeout = timeout
+        self._clients: dict[str, aetcd.Client] = {}
+        self._current = 0
+
+    @property
+    def current_endpoint(self) -> str:
+        return self._endpoints[self._current]
+
+    def _client(self, endpoint: str) -> aetcd.Client:
+        client = self._clients.get(endpoint)
+        if client is None:
+            host, _, port = endpoint.rpartition(":")
+            client = aetcd.Client(host=host, port=int(port), timeout=self._timeout)
+            self._clients[endpoint] = client
+        return client
+
+    async def _call(self, what: str, operation: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        failures: list[str] = []
+        tried_this_round = 0
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            endpoint = self.current_endpoint
+            try:
+                return await asyncio.wait_for(operation(self._client(endpoint)), remaining)
+            except aetcd.ConnectionFailedError as error:
+                # Unreachable member, or one that has no leader: try the next.
+                failures.append(f"{endpoint}: {_describe(error)}")
+                log.debug("etcd %s failed on %s, moving on: %s", what, endpoint, error)
+                self._current = (self._current + 1) % len(self._endpoints)
+                tried_this_round += 1
+                if tried_this_round >= len(self._endpoints):
+                    tried_this_round = 0
+                    await asyncio.sleep(min(_ROUND_PAUSE_SECONDS, max(deadline - loop.time(), 0)))
+            except (aetcd.ConnectionTimeoutError, asyncio.TimeoutError):
+                failures.append(f"{endpoint}: no answer")
+                break
+            except aetcd.ClientError as error:
+                raise StoreError(f"etcd refused {what}: {_describe(error)}") from error
+        recent = "; ".join(failures[-len(self._endpoints):]) or "no member answered"
+        raise StoreUnavailableError(
+            f"etcd did not confirm {what} within {self._timeout:g}s on any of "
+            f"{len(self._endpoints)} member(s) {self._endpoints}: quorum may be lost "
+            f"({recent}); a write's outcome is unknown"
+        )
+
+    async def get(self, key: str) -> VersionedValue | None:
+        result = await self._call(f"get {key}", lambda c: c.get(key.encode()))
+        if result is None:
+            return None
+        return VersionedValue(bytes(result.value), int(result.mod_revision), int(result.version))
+
+    async def put(self, key: str, value: bytes) -> int:
+        result = await self._call(f"put {key}", lambda c: c.put(key.encode(), value))
+        return int(result.header.revision)
+
+    async def put_if_revision(self, key: str, value: bytes, *, mod_revision: int) -> bool:
+        async def transaction(client: aetcd.Client) -> Any:
+            compare = client.transactions.mod(key.encode()) == mod_revision
+            return await client.transaction(
+                compare=[compare], success=[client.transactions.put(key.encode(), value)],
+                failure=[],
+            )
+
+        succeeded, _ = await self._call(f"compare-and-put {key}", transaction)
+        return bool(succeeded)
+
+    async def delete(self, key: str) -> bool:
+        result = await self._call(f"delete {key}", lambda c: c.delete(key.encode()))
+        return bool(result is not None and getattr(result, "deleted", 0))
+
+    async def close(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            try:
+                await client.close()
+            except Exception:  # closing a channel to a dead member must not mask anything
+                log.debug("closing etcd client failed", exc_info=True)
+
+
+def _describe(error: BaseException) -> str:
+    details = getattr(error, "details", None)
+    return str(details() if callable(details) else error) or type(error).__name__
