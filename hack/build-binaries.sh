@@ -31,13 +31,16 @@ replaces_for() {
 }
 
 build_from_module() {
+    # Remaining arguments: OUTPUT=PACKAGE pairs, e.g. etcd=go.etcd.io/etcd/server/v3
     local name="$1" module="$2" version="$3" staging_version="$4" ldflags="$5"; shift 5
-    local packages=("$@")
+    local targets=("$@") packages=() target
+    for target in "${targets[@]}"; do packages+=("${target#*=}"); done
     local work="$cache/src/$name-$version"
     mkdir -p "$work"
     cd "$work"
-    if [ ! -f go.mod ]; then
+    if [ ! -f .prepared ]; then
         say "$name: preparing wrapper module for $module@$version"
+        rm -f go.mod go.sum
         go mod init "cellplane.local/build/$name" >/dev/null 2>&1
         local gomod
         gomod="$(go mod download -json "$module@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
@@ -45,11 +48,12 @@ build_from_module() {
         say "$name: ${#edits[@]} replace directives derived from $module's go.mod"
         go mod edit "${edits[@]}"
         go mod edit -require="$module@$version"
+        touch .prepared
     fi
     say "$name: resolving dependencies (go get)"
     go get "${packages[@]/%/@$version}"
-    for pkg in "${packages[@]}"; do
-        local out="$bin/$(basename "$pkg")"
+    for target in "${targets[@]}"; do
+        local pkg="${target#*=}" out="$bin/${target%%=*}"
         say "$name: go build $pkg -> $out"
         go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg"
         mv "$out.tmp" "$out"
@@ -59,28 +63,34 @@ build_from_module() {
 
 up_to_date() { [ -f "$bin/.$1.version" ] && [ "$(cat "$bin/.$1.version")" = "$2" ] && [ -x "$bin/$3" ]; }
 
-k8s_minor_patch="${KUBERNETES_VERSION#v1.}"
-if up_to_date kubernetes "$KUBERNETES_VERSION" kube-apiserver && [ -x "$bin/kubectl" ]; then
-    say "kube-apiserver and kubectl $KUBERNETES_VERSION already built in $bin"
-else
-    start=$SECONDS
-    build_from_module kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION" "v0.$k8s_minor_patch" \
-        "-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${k8s_minor_patch%%.*} -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION" \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
-    say "kubernetes built in $((SECONDS - start)) s"
-fi
+main() {
+    k8s_minor_patch="${KUBERNETES_VERSION#v1.}"
+    if up_to_date kubernetes "$KUBERNETES_VERSION" kube-apiserver && [ -x "$bin/kubectl" ]; then
+        say "kube-apiserver and kubectl $KUBERNETES_VERSION already built in $bin"
+    else
+        start=$SECONDS
+        build_from_module kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION" "v0.$k8s_minor_patch" \
+            "-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${k8s_minor_patch%%.*} -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION" \
+            kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl
+        say "kubernetes built in $((SECONDS - start)) s"
+    fi
 
-if up_to_date etcd "$ETCD_VERSION" etcd; then
-    say "etcd $ETCD_VERSION already built in $bin"
-else
-    start=$SECONDS
-    build_from_module etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION" \
-        "-s -w" go.etcd.io/etcd/server/v3
-    mv "$bin/v3" "$bin/etcd"
-    say "etcd built in $((SECONDS - start)) s"
-fi
+    if up_to_date etcd "$ETCD_VERSION" etcd; then
+        say "etcd $ETCD_VERSION already built in $bin"
+    else
+        start=$SECONDS
+        build_from_module etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION" \
+            "-s -w" etcd=go.etcd.io/etcd/server/v3
+        say "etcd built in $((SECONDS - start)) s"
+    fi
 
-say "binaries ready in $bin:"
-"$bin/kube-apiserver" --version
-"$bin/kubectl" version --client 2>/dev/null | head -1
-"$bin/etcd" --version | head -1
+    say "binaries ready in $bin:"
+    "$bin/kube-apiserver" --version
+    "$bin/kubectl" version --client 2>/dev/null | head -1
+    "$bin/etcd" --version | head -1
+}
+
+# Sourcing the script (as its unit test does) defines the functions only.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi

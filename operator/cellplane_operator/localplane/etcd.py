@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cellplane_operator.localplane.binaries import Binaries
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
@@ -61,8 +62,19 @@ class EtcdMember:
             return False
 
 
+def _post_json(url: str) -> dict[str, Any] | None:
+    """POSTs ``{}`` to etcd's JSON gateway; None when the member does not answer."""
+    request = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=1) as response:
+            body = json.loads(response.read())
+            return body if isinstance(body, dict) else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
 class EtcdCluster:
-    """N etcd members forming one cluster; N=1 is a single-member store."""
+    """N etcd members forming one cluster; N=1 is a single-member store, N=0 none."""
 
     def __init__(
         self,
@@ -72,8 +84,6 @@ class EtcdCluster:
         member_names: list[str],
         cluster_token: str = "cellplane-local",
     ) -> None:
-        if not member_names:
-            raise ValueError("an etcd cluster needs at least one member")
         self._binaries = binaries
         self._token = cluster_token
         self.members = [
@@ -100,6 +110,25 @@ class EtcdCluster:
             if member.name == name:
                 return member
         raise KeyError(f"no etcd member named {name!r}")
+
+    def leader(self) -> str | None:
+        """The name of the member that is raft leader now, asked of the live members."""
+        for member in self.members:
+            if not member.running:
+                continue
+            status = _post_json(f"{member.client_url}/v3/maintenance/status")
+            if status is None:
+                continue
+            leader_id = status.get("leader")
+            if leader_id is None:
+                continue
+            for candidate in self.members:
+                if not candidate.running:
+                    continue
+                candidate_status = _post_json(f"{candidate.client_url}/v3/maintenance/status")
+                if candidate_status and candidate_status.get("header", {}).get("member_id") == leader_id:
+                    return candidate.name
+        return None
 
     def start(self, *, timeout: float = 60) -> None:
         for member in self.members:

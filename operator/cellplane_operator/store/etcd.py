@@ -6,6 +6,14 @@ Every operation has one time budget for all members together: when quorum is
 lost a member accepts the request and never commits it, and the caller must
 hear so within a bounded time, as ``StoreUnavailableError``, not as a raw gRPC
 error or a hang.
+
+A request a follower forwarded to a leader that then died is simply dropped,
+and etcd answers it only after its own request timeout (5 s plus two election
+timeouts). Operations that are safe to repeat (reads, plain puts, deletes) are
+therefore tried for at most ``attempt_timeout`` on one member before the next
+member is asked. A compare-and-swap is never repeated after an unanswered
+attempt: the first may have committed, and a repeat would then report a
+failure for a write that won. Its caller hears "outcome unknown" instead.
 """
 
 from __future__ import annotations
@@ -32,13 +40,18 @@ _ROUND_PAUSE_SECONDS = 0.1
 
 
 class EtcdStore:
-    def __init__(self, endpoints: Sequence[str], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], *, timeout: float = 5.0, attempt_timeout: float = 1.5
+    ) -> None:
+        """``timeout`` bounds one operation over every member; ``attempt_timeout``
+        bounds one try of a repeatable operation on one member."""
         if not endpoints:
             raise ValueError("EtcdStore needs at least one endpoint (host:port)")
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
+        if timeout <= 0 or attempt_timeout <= 0:
+            raise ValueError("timeout and attempt_timeout must be positive")
         self._endpoints = list(endpoints)
         self._timeout = timeout
+        self._attempt_timeout = min(attempt_timeout, timeout)
         self._clients: dict[str, aetcd.Client] = {}
         self._current = 0
 
@@ -54,7 +67,12 @@ class EtcdStore:
             self._clients[endpoint] = client
         return client
 
-    async def _call(self, what: str, operation: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+    def _next_member(self) -> None:
+        self._current = (self._current + 1) % len(self._endpoints)
+
+    async def _call(
+        self, what: str, operation: Callable[[aetcd.Client], Awaitable[T]], *, repeatable: bool = True
+    ) -> T:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         failures: list[str] = []
@@ -64,22 +82,27 @@ class EtcdStore:
             if remaining <= 0:
                 break
             endpoint = self.current_endpoint
+            budget = min(remaining, self._attempt_timeout) if repeatable else remaining
             try:
-                return await asyncio.wait_for(operation(self._client(endpoint)), remaining)
+                return await asyncio.wait_for(operation(self._client(endpoint)), budget)
             except aetcd.ConnectionFailedError as error:
-                # Unreachable member, or one that has no leader: try the next.
+                # An unreachable member never saw the request; one that timed
+                # out inside etcd may still commit it later.
                 failures.append(f"{endpoint}: {_describe(error)}")
                 log.debug("etcd %s failed on %s, moving on: %s", what, endpoint, error)
-                self._current = (self._current + 1) % len(self._endpoints)
-                tried_this_round += 1
-                if tried_this_round >= len(self._endpoints):
-                    tried_this_round = 0
-                    await asyncio.sleep(min(_ROUND_PAUSE_SECONDS, max(deadline - loop.time(), 0)))
+                if not repeatable and not _never_reached(error):
+                    break
             except (aetcd.ConnectionTimeoutError, asyncio.TimeoutError):
-                failures.append(f"{endpoint}: no answer")
-                break
+                failures.append(f"{endpoint}: no answer in {budget:.1f}s")
+                if not repeatable:
+                    break
             except aetcd.ClientError as error:
                 raise StoreError(f"etcd refused {what}: {_describe(error)}") from error
+            self._next_member()
+            tried_this_round += 1
+            if tried_this_round >= len(self._endpoints):
+                tried_this_round = 0
+                await asyncio.sleep(min(_ROUND_PAUSE_SECONDS, max(deadline - loop.time(), 0)))
         recent = "; ".join(failures[-len(self._endpoints):]) or "no member answered"
         raise StoreUnavailableError(
             f"etcd did not confirm {what} within {self._timeout:g}s on any of "
@@ -105,7 +128,7 @@ class EtcdStore:
                 failure=[],
             )
 
-        succeeded, _ = await self._call(f"compare-and-put {key}", transaction)
+        succeeded, _ = await self._call(f"compare-and-put {key}", transaction, repeatable=False)
         return bool(succeeded)
 
     async def delete(self, key: str) -> bool:
@@ -119,6 +142,12 @@ class EtcdStore:
                 await client.close()
             except Exception:  # closing a channel to a dead member must not mask anything
                 log.debug("closing etcd client failed", exc_info=True)
+
+
+def _never_reached(error: BaseException) -> bool:
+    """True when gRPC could not even connect, so etcd never saw the request."""
+    text = _describe(error).lower()
+    return "failed to connect" in text or "connection refused" in text
 
 
 def _describe(error: BaseException) -> str:
