@@ -123,7 +123,7 @@ class PostgresInstance:
     def execute(self, sql: str, params: tuple[Any, ...] = (), *, dbname: str = "postgres") -> list[tuple[Any, ...]]:
         """One autocommitted statement; returns its rows (empty for a command)."""
         with psycopg.connect(self.dsn_for(dbname), autocommit=True, connect_timeout=5) as conn:
-            cursor = conn.execute(sql.encode(), params)  # type: ignore[call-overload]
+            cursor = conn.execute(sql.encode(), params)
             return list(cursor.fetchall()) if cursor.description else []
 
     def in_recovery(self) -> bool:
