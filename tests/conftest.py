@@ -9,6 +9,7 @@ the programs' logs when the test failed.
 from __future__ import annotations
 
 import os
+import uuid
 import socket
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from cellplane_operator.localplane.controlplane import LocalPlaneConfig
 from cellplane_operator.localplane.ports import LOOPBACK
 
 REPO = Path(__file__).resolve().parents[1]
+# Test helper modules beside this file (tests/ is no package, by design).
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -37,10 +40,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-def _failed(request: pytest.FixtureRequest) -> bool:
+def _failed(request: pytest.FixtureRequest, failures_before: int) -> bool:
+    """Did a test that used this fixture fail? For a module-scoped fixture: any in the module."""
     node = request.node
-    return any(getattr(getattr(node, f"report_{when}", None), "failed", False)
-               for when in ("setup", "call"))
+    if any(getattr(getattr(node, f"report_{when}", None), "failed", False)
+           for when in ("setup", "call")):
+        return True
+    return request.session.testsfailed > failures_before
 
 
 def _pids(plane: LocalControlPlane) -> list[int]:
@@ -87,12 +93,12 @@ def _run_plane(request: pytest.FixtureRequest, config: LocalPlaneConfig) -> Iter
     except BaseException:
         sys.stderr.write(plane.dump_logs())
         raise
-    pids, failed = [], False
+    failures_before = request.session.testsfailed
     try:
         yield plane
     finally:
         pids, ports = _pids(plane), _ports(plane)
-        failed = _failed(request)
+        failed = _failed(request, failures_before)
         if failed:
             sys.stderr.write(f"\n--- logs of the local control plane in {plane.run_dir} ---\n")
             sys.stderr.write(plane.dump_logs())
@@ -126,6 +132,22 @@ def etcd3(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
         request,
         LocalPlaneConfig(regions=("region-a", "region-b", "region-c"), with_apiserver=False),
     )
+
+
+@pytest.fixture(scope="module")
+def cell_postgres(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
+    """A Postgres primary shared by a module's cell tests; each test makes its own database."""
+    for plane in _run_plane(request, LocalPlaneConfig(regions=(), with_apiserver=False)):
+        plane.add_postgres("cell")
+        yield plane
+
+
+@pytest.fixture
+def cell_db(cell_postgres: LocalControlPlane) -> str:
+    """A fresh, migrated cell database (epoch 1 granted for an hour); its conninfo."""
+    from cellfixtures import create_cell_database
+
+    return create_cell_database(cell_postgres.postgres["cell"], f"cell_{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

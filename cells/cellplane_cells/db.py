@@ -1,0 +1,62 @@
+"""Connections to the cell database, each one declaring the epoch it writes under.
+
+Every connection of a pool runs ``SET cellplane.epoch`` once, when it is made;
+the fencing trigger (migration 0002) compares it with the placement group on
+every write. A process that comes to hold a new epoch makes a new pool.
+Database refusals are translated here into the cell's own errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from cellplane_cells.errors import CellError, LeaseExpiredError, NotWritableError, StaleEpochError
+from cellplane_cells.metrics import WRITES_REJECTED
+
+__all__ = ["open_pool", "translate_errors", "STALE_EPOCH", "LEASE_EXPIRED", "NO_EPOCH"]
+
+log = logging.getLogger(__name__)
+
+STALE_EPOCH = "CPS01"
+LEASE_EXPIRED = "CPL01"
+NO_EPOCH = "CPE01"
+
+
+def open_pool(conninfo: str, *, epoch: int, min_size: int = 1, max_size: int = 10,
+              name: str = "cell") -> ConnectionPool:
+    def declare_epoch(conn: psycopg.Connection) -> None:
+        conn.execute("SELECT set_config('cellplane.epoch', %s, false)", (str(epoch),))
+        conn.commit()
+
+    pool = ConnectionPool(conninfo, min_size=min_size, max_size=max_size, name=name,
+                          configure=declare_epoch, open=False)
+    pool.open(wait=True, timeout=30)
+    return pool
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Maps the fencing trigger's refusals to ``NotWritableError`` subclasses."""
+    try:
+        yield
+    except psycopg.Error as error:
+        state = error.sqlstate
+        if state == STALE_EPOCH:
+            WRITES_REJECTED.labels("stale_epoch").inc()
+            log.warning("write refused by the database: %s", error.diag.message_primary)
+            raise StaleEpochError(str(error.diag.message_primary)) from error
+        if state == LEASE_EXPIRED:
+            WRITES_REJECTED.labels("lease_expired").inc()
+            log.warning("write refused by the database: %s", error.diag.message_primary)
+            raise LeaseExpiredError(str(error.diag.message_primary)) from error
+        if state == NO_EPOCH:
+            WRITES_REJECTED.labels("no_epoch").inc()
+            raise NotWritableError(str(error.diag.message_primary)) from error
+        raise
+    except CellError:
+        raise

@@ -1,0 +1,81 @@
+"""Per-plan quotas, from the seed's numbers (drill 13, break 1).
+
+Free 2 running jobs, Pro 5, Enterprise 20 (10% of a 200-slot fleet, so it takes
+ten tenants at their cap to fill it). Enterprise's rate is 1 job/s with a burst
+of 60; Free and Pro are prepaid, so their wallet is a natural limit too.
+A Tenant may override its quotas within its plan's ceilings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+__all__ = ["Plan", "Quotas", "PLAN_DEFAULTS", "PLAN_CEILINGS", "quotas_for"]
+
+
+class Plan(str, Enum):
+    FREE = "free"
+    PRO = "pro"
+    ENTERPRISE = "enterprise"
+
+
+@dataclass(frozen=True)
+class Quotas:
+    max_running: int
+    """Jobs of the tenant that may run at once; enforced in the claim statement."""
+    jobs_per_second: float
+    """Sustained submission rate of the API's token bucket."""
+    burst: int
+    """Bucket size: submissions allowed at once after a quiet spell."""
+    daily_spend_limit: int | None
+    """Micro-credits an enterprise tenant may reserve per day; None for prepaid plans."""
+
+
+PLAN_DEFAULTS: dict[Plan, Quotas] = {
+    Plan.FREE: Quotas(max_running=2, jobs_per_second=0.2, burst=5, daily_spend_limit=None),
+    Plan.PRO: Quotas(max_running=5, jobs_per_second=0.5, burst=20, daily_spend_limit=None),
+    Plan.ENTERPRISE: Quotas(max_running=20, jobs_per_second=1.0, burst=60,
+                            daily_spend_limit=1_000_000_000),
+}
+
+PLAN_CEILINGS: dict[Plan, Quotas] = {
+    Plan.FREE: Quotas(max_running=2, jobs_per_second=1.0, burst=10, daily_spend_limit=None),
+    Plan.PRO: Quotas(max_running=50, jobs_per_second=20.0, burst=200, daily_spend_limit=None),
+    Plan.ENTERPRISE: Quotas(max_running=500, jobs_per_second=500.0, burst=5000,
+                            daily_spend_limit=10**13),
+}
+
+
+def quotas_for(
+    plan: Plan,
+    *,
+    max_running: int | None = None,
+    jobs_per_second: float | None = None,
+    burst: int | None = None,
+    daily_spend_limit: int | None = None,
+) -> Quotas:
+    """The plan's defaults with the given overrides; raises ValueError above a ceiling."""
+    quotas = PLAN_DEFAULTS[plan]
+    if max_running is not None:
+        quotas = replace(quotas, max_running=max_running)
+    if jobs_per_second is not None:
+        quotas = replace(quotas, jobs_per_second=jobs_per_second)
+    if burst is not None:
+        quotas = replace(quotas, burst=burst)
+    if daily_spend_limit is not None:
+        if plan is not Plan.ENTERPRISE:
+            raise ValueError("only enterprise tenants have a daily spend limit")
+        quotas = replace(quotas, daily_spend_limit=daily_spend_limit)
+    ceiling = PLAN_CEILINGS[plan]
+    for field in ("max_running", "jobs_per_second", "burst"):
+        value, limit = getattr(quotas, field), getattr(ceiling, field)
+        if value > limit:
+            raise ValueError(f"{field} {value} is above the {plan.value} plan's ceiling of {limit}")
+        if value < (0 if field == "max_running" else 1e-9):
+            raise ValueError(f"{field} must be positive, got {value}")
+    if (quotas.daily_spend_limit is not None and ceiling.daily_spend_limit is not None
+            and not 0 <= quotas.daily_spend_limit <= ceiling.daily_spend_limit):
+        raise ValueError(f"daily_spend_limit {quotas.daily_spend_limit} is outside 0.."
+                         f"{ceiling.daily_spend_limit}")
+    return quotas

@@ -1,0 +1,88 @@
+"""The cell stack's one error hierarchy.
+
+Each error carries a machine-readable ``code`` and the HTTP status it maps to at
+the API's edge; the FastAPI exception handler renders every ``CellError`` the
+same way, so no path answers a client with a bare 500.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CellError",
+    "NotWritableError",
+    "StaleEpochError",
+    "LeaseExpiredError",
+    "UnauthenticatedError",
+    "NotFoundError",
+    "ConflictError",
+    "RateLimitedError",
+    "InsufficientFundsError",
+    "InvalidRequestError",
+    "TargetRefusedError",
+]
+
+
+class CellError(Exception):
+    code = "cell_error"
+    http_status = 500
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class NotWritableError(CellError):
+    """The database refused a write: this process does not own the placement group now."""
+
+    code = "not_owner"
+    http_status = 503
+
+
+class StaleEpochError(NotWritableError):
+    code = "stale_epoch"
+
+
+class LeaseExpiredError(NotWritableError):
+    code = "lease_expired"
+
+
+class UnauthenticatedError(CellError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+class NotFoundError(CellError):
+    code = "not_found"
+    http_status = 404
+
+
+class ConflictError(CellError):
+    code = "conflict"
+    http_status = 409
+
+
+class RateLimitedError(CellError):
+    code = "rate_limited"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_seconds: float) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class InsufficientFundsError(CellError):
+    code = "insufficient_funds"
+    http_status = 402
+
+
+class InvalidRequestError(CellError):
+    code = "invalid_request"
+    http_status = 422
+
+
+class TargetRefusedError(InvalidRequestError):
+    """A target or webhook URL the cell will not call (unregistered, or an SSRF risk)."""
+
+    code = "target_refused"

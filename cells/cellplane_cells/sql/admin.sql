@@ -1,0 +1,63 @@
+-- The operator's statements: tenants, their quotas, targets, webhooks, wallets.
+
+-- name: upsert_tenant
+-- Creates the tenant or updates its plan and quotas. The running counter,
+-- the fairness position and the epoch are never touched here.
+INSERT INTO tenants (tenant_id, plan, max_running, jobs_per_second, burst, daily_spend_limit,
+                     signing_secret, api_key_hash)
+VALUES (%(tenant_id)s, %(plan)s, %(max_running)s, %(jobs_per_second)s, %(burst)s,
+        %(daily_spend_limit)s, %(signing_secret)s, %(api_key_hash)s)
+ON CONFLICT (tenant_id) DO UPDATE
+   SET plan = EXCLUDED.plan, max_running = EXCLUDED.max_running,
+       jobs_per_second = EXCLUDED.jobs_per_second, burst = EXCLUDED.burst,
+       daily_spend_limit = EXCLUDED.daily_spend_limit,
+       api_key_hash = coalesce(EXCLUDED.api_key_hash, tenants.api_key_hash),
+       updated_at = now()
+RETURNING tenant_id, (xmax = 0) AS created;
+
+-- name: ensure_bucket
+INSERT INTO rate_buckets (tenant_id, tokens, refilled_at)
+VALUES (%(tenant_id)s, %(burst)s, clock_timestamp())
+ON CONFLICT (tenant_id) DO NOTHING;
+
+-- name: ensure_wallet
+INSERT INTO wallets (tenant_id, available) VALUES (%(tenant_id)s, 0)
+ON CONFLICT (tenant_id) DO NOTHING;
+
+-- name: credit_wallet
+UPDATE wallets SET available = available + %(amount)s WHERE tenant_id = %(tenant_id)s
+RETURNING available, reserved;
+
+-- name: upsert_target
+INSERT INTO targets (tenant_id, name, url) VALUES (%(tenant_id)s, %(name)s, %(url)s)
+ON CONFLICT (tenant_id, name) DO UPDATE SET url = EXCLUDED.url;
+
+-- name: upsert_webhook
+INSERT INTO webhook_endpoints (tenant_id, url, secret, max_concurrency)
+VALUES (%(tenant_id)s, %(url)s, %(secret)s, %(max_concurrency)s)
+ON CONFLICT (tenant_id, url) DO UPDATE
+   SET secret = EXCLUDED.secret, max_concurrency = EXCLUDED.max_concurrency
+RETURNING endpoint_id;
+
+-- name: set_tenant_state
+UPDATE tenants SET state = %(state)s, updated_at = now() WHERE tenant_id = %(tenant_id)s
+RETURNING tenant_id;
+
+-- name: tenant_summary
+SELECT t.tenant_id, t.plan, t.state, t.epoch, t.max_running, t.running, t.jobs_per_second,
+       t.burst, t.daily_spend_limit, w.available, w.reserved,
+       (SELECT count(*) FROM jobs j WHERE j.tenant_id = t.tenant_id AND j.status = 'queued') AS queued
+  FROM tenants t LEFT JOIN wallets w USING (tenant_id)
+ WHERE t.tenant_id = %(tenant_id)s;
+
+-- name: placement_group
+SELECT cell, epoch, lease_deadline, greatest(extract(epoch FROM lease_deadline - clock_timestamp()), 0)
+       AS remaining_seconds, pg_is_in_recovery() AS in_recovery
+  FROM placement_group;
+
+-- name: replication_lag
+-- Seconds the standby's replay is behind the last transaction it received;
+-- NULL on a primary.
+SELECT CASE WHEN pg_is_in_recovery()
+            THEN extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())
+       END AS lag_seconds;
