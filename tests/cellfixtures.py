@@ -47,3 +47,27 @@ def enqueue(conn: psycopg.Connection[Any], tenant_id: str, count: int, *, steps:
             [(job_id, str(job_id), steps) for job_id in ids],
         )
     return ids
+
+
+def setup_tenant(conninfo: str, tenant_id: str, *, target_url: str, plan: str = "pro",
+                 credit: int = 1_000_000, max_running: int | None = None) -> str:
+    """A tenant with a wallet credit and its `default` target; returns its signing secret."""
+    from cellplane_cells.domain.plans import Plan
+    from cellplane_cells.tenants import TenantSpec, credit_wallet, register_target, upsert_tenant
+
+    with psycopg.connect(conninfo) as conn:
+        conn.execute("SET cellplane.epoch = '1'")
+        conn.commit()
+        upsert_tenant(conn, TenantSpec(tenant_id, Plan(plan), max_running=max_running))
+        if credit:
+            credit_wallet(conn, tenant_id, credit)
+        register_target(conn, tenant_id, "default", target_url, allow_private=True)
+        row = conn.execute("SELECT signing_secret FROM tenants WHERE tenant_id = %s",
+                           (tenant_id,)).fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+def fetch(conninfo: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return list(conn.execute(sql.encode(), params).fetchall())

@@ -3,6 +3,7 @@
     cellplane operator [--region R]      run the regional operator (kopf)
     cellplane local up [--regions a,b,c]  start etcd, kube-apiserver and the CRDs
     cellplane demo                        the local demo: control plane, operator, a Cell
+    cellplane cell {migrate,work,serve}   a cell's own processes
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true",
                       help="stay up after the demo until interrupted")
     demo.set_defaults(run=_run_demo)
+
+    from cellplane_cells.cli import add_cell_commands
+
+    add_cell_commands(commands)
     return parser
 
 

@@ -247,3 +247,9 @@ UPDATE tenants t
          GROUP BY t2.tenant_id) actual
  WHERE t.tenant_id = actual.tenant_id AND t.running <> actual.n
 RETURNING t.tenant_id, actual.n;
+
+-- name: call_context
+-- Where a job's steps go and the secret that signs them.
+SELECT tg.url, t.signing_secret
+  FROM tenants t JOIN targets tg ON tg.tenant_id = t.tenant_id
+ WHERE t.tenant_id = %(tenant_id)s AND tg.name = %(target)s;

@@ -1,0 +1,46 @@
+"""The cell processes' configuration: flags, falling back to CELLPLANE_CELL_* variables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+__all__ = ["CellSettings", "add_common_arguments", "settings_from"]
+
+
+@dataclass(frozen=True)
+class CellSettings:
+    database: str
+    """libpq conninfo of the cell's Postgres primary."""
+    cell: str
+    """The cell's name; recorded in the placement-group row."""
+    epoch: int
+    """The placement-group epoch this process acts under (the lease owner gives it)."""
+    allow_private_targets: bool = False
+    """Development mode: loopback and private addresses may be targets and webhooks."""
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"CELLPLANE_CELL_{name}", default)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database", default=_env("DATABASE"),
+                        help="libpq conninfo of the cell database (CELLPLANE_CELL_DATABASE)")
+    parser.add_argument("--cell", default=_env("NAME", "cell"),
+                        help="cell name (CELLPLANE_CELL_NAME)")
+    parser.add_argument("--epoch", type=int, default=int(_env("EPOCH", "0") or 0),
+                        help="placement-group epoch to act under (CELLPLANE_CELL_EPOCH)")
+    parser.add_argument("--allow-private-targets", action="store_true",
+                        default=_env("ALLOW_PRIVATE_TARGETS", "") in ("1", "true"),
+                        help="development mode: allow loopback/private target addresses")
+
+
+def settings_from(args: argparse.Namespace) -> CellSettings:
+    if not args.database:
+        raise SystemExit("cellplane cell: --database (or CELLPLANE_CELL_DATABASE) is required")
+    if args.epoch < 1:
+        raise SystemExit("cellplane cell: --epoch (or CELLPLANE_CELL_EPOCH) must be >= 1")
+    return CellSettings(database=args.database, cell=args.cell, epoch=args.epoch,
+                        allow_private_targets=args.allow_private_targets)

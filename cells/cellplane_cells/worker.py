@@ -1,0 +1,299 @@
+"""Workers: claim jobs fairly, run their steps as signed HTTP calls, finish them once.
+
+A job's steps run in order; each finished step's result is saved under the
+claim, so a job reclaimed after its worker died resumes at its first unfinished
+step, and every try of a step carries the same ``Idempotency-Key``. A claim is
+kept alive by heartbeats; a worker that loses its claim (reaped, or the claim
+epoch moved on) cancels its own work at once, and one that the database
+refuses as stale or past its lease stops claiming altogether.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from cellplane_cells import queue
+from cellplane_cells.domain.retry import RetryPolicy, decide
+from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from cellplane_cells.errors import NotWritableError
+from cellplane_cells.metrics import CLAIMS, STEP_CALLS
+from cellplane_cells.queries import query
+
+__all__ = ["WorkerConfig", "Worker", "EPOCH_HEADER", "COST_HEADER"]
+
+log = logging.getLogger(__name__)
+
+EPOCH_HEADER = "X-Cellplane-Epoch"
+COST_HEADER = "X-Cellplane-Cost"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str
+    """Recorded on every claim, for people reading the jobs table."""
+    epoch: int
+    """The placement-group epoch this worker acts under; sent to targets."""
+    slots: int = 10
+    """Jobs this worker runs at once."""
+    batch: int = 4
+    """Most jobs one claim statement takes (one per tenant)."""
+    lease_seconds: float = 30.0
+    """How long a claim lives without a heartbeat before the reaper takes it back."""
+    heartbeat_seconds: float = 10.0
+    """Heartbeat interval; well below the lease so one lost heartbeat is survivable."""
+    poll_seconds: float = 0.5
+    """Pause between claims when the queue had nothing for this worker."""
+    call_timeout_seconds: float = 30.0
+    """Timeout of one step's HTTP call."""
+    reap_seconds: float = 5.0
+    """Interval of the reaper (expired claims, expired jobs)."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Backoff of failed steps."""
+
+
+@dataclass
+class _Running:
+    job: queue.ClaimedJob
+    task: asyncio.Task[None] | None = None
+    call_sent: bool = False
+    cancel_requested: bool = False
+    claim_lost: bool = False
+
+
+class Worker:
+    def __init__(self, pool: ConnectionPool, http: httpx.AsyncClient, config: WorkerConfig, *,
+                 rng: random.Random | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+        self._pool = pool
+        self._http = http
+        self._config = config
+        self._rng = rng or random.Random()
+        self._wall_clock = wall_clock
+        self._running: dict[Any, _Running] = {}
+        self.fenced: NotWritableError | None = None
+
+    async def _db(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        def call() -> T:
+            with self._pool.connection() as conn:
+                return operation(conn, *args, **kwargs)
+
+        try:
+            return await asyncio.to_thread(call)
+        except NotWritableError as error:
+            if self.fenced is None:
+                log.error("worker %s is fenced, it stops claiming: %s", self._config.worker_id, error)
+            self.fenced = error
+            raise
+
+    @property
+    def busy(self) -> int:
+        return len(self._running)
+
+    async def claim_and_start(self) -> list[asyncio.Task[None]]:
+        """Claims up to the free slots and starts each job; returns the started tasks."""
+        free = self._config.slots - len(self._running)
+        if free <= 0 or self.fenced is not None:
+            return []
+        try:
+            jobs = await self._db(queue.claim, worker=self._config.worker_id,
+                                  batch=min(free, self._config.batch),
+                                  lease_seconds=self._config.lease_seconds)
+        except NotWritableError:
+            return []
+        tasks = []
+        for job in jobs:
+            CLAIMS.labels(job.tenant_id).inc()
+            running = _Running(job)
+            self._running[job.job_id] = running
+            running.task = asyncio.create_task(self._supervise(running))
+            tasks.append(running.task)
+        return tasks
+
+    async def run_until_idle(self) -> int:
+        """Claims and runs jobs until nothing is claimable and nothing runs; for tests."""
+        finished = 0
+        while True:
+            tasks = await self.claim_and_start()
+            pending = [r.task for r in self._running.values() if r.task is not None]
+            if not pending:
+                return finished
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            finished += len(done)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        reaper = asyncio.create_task(self._reap_forever(stop))
+        try:
+            while not stop.is_set() and self.fenced is None:
+                try:
+                    started = await self.claim_and_start()
+                except psycopg.OperationalError as error:
+                    log.warning("claim failed, retrying: %s", error)
+                    started = []
+                if not started:
+                    try:
+                        await asyncio.wait_for(stop.wait(), self._config.poll_seconds)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            reaper.cancel()
+            for running in list(self._running.values()):
+                if running.task is not None:
+                    running.task.cancel()
+            await asyncio.gather(*(r.task for r in self._running.values() if r.task),
+                                 return_exceptions=True)
+
+    async def _reap_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                reaped = await self._db(queue.reap)
+                expired = await self._db(queue.expire_queued)
+                if reaped or expired:
+                    log.info("reaper: %d expired claims returned, %d jobs expired",
+                             len(reaped), expired)
+            except NotWritableError:
+                return
+            except psycopg.OperationalError as error:
+                log.warning("reaper failed, retrying: %s", error)
+            try:
+                await asyncio.wait_for(stop.wait(), self._config.reap_seconds)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _supervise(self, running: _Running) -> None:
+        """Runs a job beside its heartbeat; losing the claim cancels the work."""
+        work = asyncio.create_task(self._execute(running))
+        beat = asyncio.create_task(self._heartbeat(running, work))
+        try:
+            await work
+        except asyncio.CancelledError:
+            if running.cancel_requested and not running.claim_lost:
+                await self._db(queue.finish_cancelled, running.job, call_sent=running.call_sent)
+            elif not running.claim_lost:
+                raise
+        except NotWritableError:
+            pass
+        except Exception:
+            log.exception("job %s failed inside the worker", running.job.job_id)
+        finally:
+            beat.cancel()
+            self._running.pop(running.job.job_id, None)
+
+    async def _heartbeat(self, running: _Running, work: asyncio.Task[None]) -> None:
+        while not work.done():
+            await asyncio.sleep(self._config.heartbeat_seconds)
+            try:
+                answer = await self._db(queue.heartbeat, running.job,
+                                        lease_seconds=self._config.lease_seconds)
+            except NotWritableError:
+                running.claim_lost = True
+                work.cancel()
+                return
+            if answer is None:
+                log.warning("job %s: claim lost, abandoning it", running.job.job_id)
+                running.claim_lost = True
+                work.cancel()
+                return
+            if answer:
+                running.cancel_requested = True
+                work.cancel()
+                return
+
+    async def _execute(self, running: _Running) -> None:
+        job = running.job
+        context = await self._db(_call_context, job.tenant_id, job.target)
+        if context is None:
+            await self._db(queue.release, job, permanent=True, delay_seconds=0,
+                           error=f"target {job.target!r} is not registered", error_code="target_unknown")
+            return
+        url, secret = context
+        steps = await self._db(queue.steps_of, job.job_id)
+        previous: Any = None
+        cost = 0
+        for step in steps:
+            if step.done:
+                previous = step.result
+                continue
+            body = json.dumps({"job_id": str(job.job_id), "tenant": job.tenant_id, "step": step.step,
+                               "steps": job.step_count, "payload": job.payload,
+                               "previous": previous}, separators=(",", ":")).encode()
+            timestamp = int(self._wall_clock())
+            headers = {
+                "Content-Type": "application/json",
+                "Idempotency-Key": step.idempotency_key,
+                EPOCH_HEADER: str(self._config.epoch),
+                TIMESTAMP_HEADER: str(timestamp),
+                SIGNATURE_HEADER: sign(secret, body, timestamp=timestamp),
+            }
+            started = time.monotonic()
+            status: int | None = None
+            retry_after: float | None = None
+            try:
+                running.call_sent = True
+                response = await self._http.post(url, content=body, headers=headers,
+                                                 timeout=self._config.call_timeout_seconds)
+                status = response.status_code
+                retry_after = _retry_after(response)
+            except httpx.HTTPError as error:
+                STEP_CALLS.labels("error").observe(time.monotonic() - started)
+                await self._fail(job, None, f"step {step.step}: {type(error).__name__}: {error}", None)
+                return
+            STEP_CALLS.labels(str(status)).observe(time.monotonic() - started)
+            if not 200 <= status < 300:
+                await self._fail(job, status, f"step {step.step}: target answered {status}",
+                                 retry_after)
+                return
+            result = _result_of(response)
+            cost += _cost_of(response)
+            if not await self._db(queue.save_step, job, step=step.step, result=result):
+                log.warning("job %s: claim lost before step %d was saved", job.job_id, step.step)
+                running.claim_lost = True
+                return
+            previous = result
+        await self._db(queue.complete, job, cost=cost)
+
+    async def _fail(self, job: queue.ClaimedJob, status: int | None, error: str,
+                    retry_after: float | None) -> None:
+        outcome = decide(attempt=job.attempts, status_code=status, policy=self._config.retry,
+                         rng=self._rng, retry_after_seconds=retry_after)
+        await self._db(queue.release, job, permanent=outcome.permanent,
+                       delay_seconds=outcome.delay_seconds, error=error,
+                       error_code=outcome.error_code)
+
+
+def _call_context(conn: psycopg.Connection[Any], tenant_id: str, target: str) -> tuple[str, str] | None:
+    row = conn.execute(query("call_context"), {"tenant_id": tenant_id, "target": target}).fetchone()
+    conn.commit()
+    return (str(row[0]), str(row[1])) if row else None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _cost_of(response: httpx.Response) -> int:
+    try:
+        return max(int(response.headers.get(COST_HEADER, "0")), 0)
+    except ValueError:
+        return 0
+
+
+def _result_of(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"text": response.text[:10000]}

@@ -1,0 +1,183 @@
+"""Workers on real Postgres calling real HTTP targets on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.responses import JSONResponse, Response
+
+from cellfixtures import enqueue, fetch, grant, setup_tenant
+from cellplane_cells import queue
+from cellplane_cells.db import open_pool
+from cellplane_cells.domain.signing import verify
+from cellplane_cells.errors import LeaseExpiredError, StaleEpochError
+from cellplane_cells.worker import Worker, WorkerConfig
+from cellplane_operator.localplane.process import wait_for
+from httpservers import Call, RecordingServer
+
+FAST = dict(lease_seconds=2.0, heartbeat_seconds=0.3, poll_seconds=0.05)
+
+
+def job_status(conninfo: str, job_id: object) -> str:
+    return str(fetch(conninfo, "SELECT status FROM jobs WHERE job_id = %s", job_id)[0][0])
+
+
+async def run_worker(conninfo: str, worker_id: str = "w1", epoch: int = 1) -> Worker:
+    pool = open_pool(conninfo, epoch=epoch, max_size=4)
+    try:
+        async with httpx.AsyncClient() as http:
+            worker = Worker(pool, http, WorkerConfig(worker_id, epoch=epoch, **FAST))  # type: ignore[arg-type]
+            await worker.run_until_idle()
+            return worker
+    finally:
+        pool.close()
+
+
+async def test_steps_run_in_order_signed_with_stable_keys_and_epoch(cell_db: str) -> None:
+    with RecordingServer() as target:
+        secret = setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            [job_id] = enqueue(conn, "acme", 1, steps=3)
+
+        await run_worker(cell_db)
+
+        calls = target.snapshot()
+        assert [c.json["step"] for c in calls] == [1, 2, 3]
+        assert [c.headers["idempotency-key"] for c in calls] == [f"{job_id}/{n}" for n in (1, 2, 3)]
+        assert {c.headers["x-cellplane-epoch"] for c in calls} == {"1"}
+        for call in calls:
+            assert verify(secret, call.body, timestamp=int(call.headers["x-cellplane-timestamp"]),
+                          signature=call.headers["x-cellplane-signature"])
+        # Each step sees the previous step's saved result.
+        assert calls[1].json["previous"] == {"ok": True, "step": 1}
+    assert job_status(cell_db, job_id) == "succeeded"
+    assert fetch(cell_db, "SELECT count(*) FROM job_steps WHERE job_id = %s AND status = 'succeeded'",
+                 job_id) == [(3,)]
+    assert fetch(cell_db, "SELECT kind FROM outbox WHERE job_id = %s AND kind = 'job.succeeded'",
+                 job_id) == [("job.succeeded",)]
+    assert fetch(cell_db, "SELECT running FROM tenants WHERE tenant_id = 'acme'") == [(0,)]
+
+
+async def test_killed_worker_is_reaped_and_the_job_resumes_at_its_saved_step(
+    cell_db: str, tmp_path: Path
+) -> None:
+    release_step_two = threading.Event()
+
+    async def respond(call: Call) -> Response:
+        if call.json["step"] == 2 and not release_step_two.is_set():
+            while not release_step_two.is_set():   # the first try of step 2 never answers
+                await asyncio.sleep(0.05)
+        return JSONResponse({"ok": True, "step": call.json["step"]})
+
+    with RecordingServer(respond) as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            [job_id] = enqueue(conn, "acme", 1, steps=3)
+
+        log = (tmp_path / "worker.log").open("wb")
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cellplane_operator", "cell", "work", "--database", cell_db,
+             "--epoch", "1", "--worker-id", "doomed", "--lease-seconds", "2",
+             "--heartbeat-seconds", "0.5", "--slots", "2"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: any(c.json["step"] == 2 for c in target.snapshot()), timeout=30,
+                     what="the worker to call step 2", alive=lambda: None)
+            worker.send_signal(signal.SIGKILL)          # killed mid-job, no cleanup
+            worker.wait(timeout=10)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+            log.close()
+        release_step_two.set()
+        assert job_status(cell_db, job_id) == "running"
+
+        # The reaper returns the claim once its lease has run out.
+        with open_pool(cell_db, epoch=1) as pool:
+            def reaped() -> bool:
+                with pool.connection() as conn:
+                    queue.reap(conn)
+                return job_status(cell_db, job_id) == "queued"
+            wait_for(reaped, timeout=30, what="the reaper to return the dead worker's claim")
+
+        await run_worker(cell_db, "rescuer")
+
+        keys = [(c.json["step"], c.headers["idempotency-key"]) for c in target.snapshot()]
+    # Step 1 ran once and was not repeated; step 2 was tried again under the same key.
+    assert keys == [(1, f"{job_id}/1"), (2, f"{job_id}/2"), (2, f"{job_id}/2"), (3, f"{job_id}/3")]
+    assert job_status(cell_db, job_id) == "succeeded"
+    assert fetch(cell_db, "SELECT attempts, claimed_by FROM jobs WHERE job_id = %s", job_id) == \
+        [(2, "rescuer")]
+    assert fetch(cell_db, "SELECT running FROM tenants WHERE tenant_id = 'acme'") == [(0,)]
+
+
+async def test_worker_with_an_old_epoch_has_every_write_rejected(cell_db: str) -> None:
+    with RecordingServer() as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            enqueue(conn, "acme", 3, steps=2)
+            [claimed] = queue.claim(conn, worker="old", batch=1, lease_seconds=60)
+            before = fetch(cell_db, "SELECT job_id, status, claim_epoch, attempts FROM jobs ORDER BY job_id")
+
+            grant(cell_db, epoch=2, seconds=3600)      # a new owner took the placement group
+
+            with pytest.raises(StaleEpochError):
+                queue.claim(conn, worker="old", batch=1, lease_seconds=60)
+            with pytest.raises(StaleEpochError):
+                queue.heartbeat(conn, claimed, lease_seconds=60)
+            with pytest.raises(StaleEpochError):
+                queue.save_step(conn, claimed, step=1, result={"late": True})
+            with pytest.raises(StaleEpochError):
+                queue.complete(conn, claimed, cost=0)
+            with pytest.raises(StaleEpochError):
+                queue.reap(conn)
+
+        # A whole worker of the old epoch claims nothing and says it is fenced.
+        worker = await run_worker(cell_db, "old-worker", epoch=1)
+        assert isinstance(worker.fenced, StaleEpochError)
+    assert fetch(cell_db, "SELECT job_id, status, claim_epoch, attempts FROM jobs ORDER BY job_id") == before
+    assert fetch(cell_db, "SELECT count(*) FROM job_steps WHERE status = 'succeeded'") == [(0,)]
+    assert target.snapshot() == []
+
+
+async def test_writes_stop_at_the_lease_deadline_without_anyone_telling_the_cell(cell_db: str) -> None:
+    with RecordingServer() as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            enqueue(conn, "acme", 1)
+            grant(cell_db, epoch=1, seconds=0.5)       # the owner's last renewal
+            wait_for(lambda: fetch(cell_db, "SELECT clock_timestamp() > lease_deadline"
+                                            " FROM placement_group") == [(True,)],
+                     timeout=10, what="the lease deadline to pass on the database's clock")
+            with pytest.raises(LeaseExpiredError):
+                queue.claim(conn, worker="late", batch=1, lease_seconds=60)
+    assert fetch(cell_db, "SELECT status FROM jobs") == [("queued",)]
+
+
+async def test_a_reclaimed_job_refuses_the_paused_worker_that_held_it_before(cell_db: str) -> None:
+    with RecordingServer() as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            enqueue(conn, "acme", 1, steps=1)
+            [paused] = queue.claim(conn, worker="paused", batch=1, lease_seconds=0.2)
+            wait_for(lambda: bool(queue.reap(conn)), timeout=10,
+                     what="the paused worker's claim to expire and be reaped")
+            [fresh] = queue.claim(conn, worker="fresh", batch=1, lease_seconds=60)
+            assert fresh.job_id == paused.job_id and fresh.claim_epoch > paused.claim_epoch
+
+            # The paused worker wakes up and tries to finish: nothing it writes lands.
+            assert queue.heartbeat(conn, paused, lease_seconds=60) is None
+            assert not queue.save_step(conn, paused, step=1, result={"from": "paused"})
+            assert not queue.complete(conn, paused, cost=5)
+            assert queue.complete(conn, fresh, cost=5)
+            assert not queue.complete(conn, fresh, cost=5)
+    assert fetch(cell_db, "SELECT status, claimed_by FROM jobs") == [("succeeded", "fresh")]
+    assert fetch(cell_db, "SELECT count(*) FROM ledger WHERE kind = 'settle'") == [(1,)]
+    assert fetch(cell_db, "SELECT running FROM tenants") == [(0,)]
