@@ -37,6 +37,16 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     work.add_argument("--reap-seconds", type=float, default=5.0)
     work.set_defaults(run=_work)
 
+    serve = cell_commands.add_parser("serve", help="serve the tenant API and the admin API")
+    add_common_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080, help="tenant API port")
+    serve.add_argument("--admin-port", type=int, default=8081, help="admin API port")
+    serve.add_argument("--admin-token", default=os.environ.get("CELLPLANE_CELL_ADMIN_TOKEN"),
+                       help="bearer token of the admin API (CELLPLANE_CELL_ADMIN_TOKEN)")
+    serve.add_argument("--pool-size", type=int, default=20)
+    serve.set_defaults(run=_serve)
+
 
 def _migrate(args: argparse.Namespace) -> int:
     from cellplane_cells.migrate import migrate
@@ -77,4 +87,36 @@ def _work(args: argparse.Namespace) -> int:
             pool.close()
 
     asyncio.run(main())
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from cellplane_cells.api.admin_app import create_admin_app
+    from cellplane_cells.api.tenant_app import create_tenant_app
+    from cellplane_cells.db import open_pool
+
+    configure_logging()
+    settings = settings_from(args)
+    if not args.admin_token or len(args.admin_token) < 16:
+        raise SystemExit("cellplane cell serve: --admin-token (16+ characters) is required")
+    pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.pool_size, name="api")
+    tenant_app = create_tenant_app(pool)
+    admin_app = create_admin_app(pool, admin_token=args.admin_token,
+                                 allow_private_targets=settings.allow_private_targets)
+
+    async def main() -> None:
+        servers = [
+            uvicorn.Server(uvicorn.Config(tenant_app, host=args.host, port=args.port,
+                                          log_config=None, access_log=False)),
+            uvicorn.Server(uvicorn.Config(admin_app, host=args.host, port=args.admin_port,
+                                          log_config=None, access_log=False)),
+        ]
+        await asyncio.gather(*(server.serve() for server in servers))
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
     return 0

@@ -23,7 +23,7 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cellplane_cells import queue
+from cellplane_cells import jobqueue
 from cellplane_cells.domain.retry import RetryPolicy, decide
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.errors import NotWritableError
@@ -65,7 +65,7 @@ class WorkerConfig:
 
 @dataclass
 class _Running:
-    job: queue.ClaimedJob
+    job: jobqueue.ClaimedJob
     task: asyncio.Task[None] | None = None
     call_sent: bool = False
     cancel_requested: bool = False
@@ -106,7 +106,7 @@ class Worker:
         if free <= 0 or self.fenced is not None:
             return []
         try:
-            jobs = await self._db(queue.claim, worker=self._config.worker_id,
+            jobs = await self._db(jobqueue.claim, worker=self._config.worker_id,
                                   batch=min(free, self._config.batch),
                                   lease_seconds=self._config.lease_seconds)
         except NotWritableError:
@@ -156,8 +156,8 @@ class Worker:
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                reaped = await self._db(queue.reap)
-                expired = await self._db(queue.expire_queued)
+                reaped = await self._db(jobqueue.reap)
+                expired = await self._db(jobqueue.expire_queued)
                 if reaped or expired:
                     log.info("reaper: %d expired claims returned, %d jobs expired",
                              len(reaped), expired)
@@ -178,7 +178,7 @@ class Worker:
             await work
         except asyncio.CancelledError:
             if running.cancel_requested and not running.claim_lost:
-                await self._db(queue.finish_cancelled, running.job, call_sent=running.call_sent)
+                await self._db(jobqueue.finish_cancelled, running.job, call_sent=running.call_sent)
             elif not running.claim_lost:
                 raise
         except NotWritableError:
@@ -193,7 +193,7 @@ class Worker:
         while not work.done():
             await asyncio.sleep(self._config.heartbeat_seconds)
             try:
-                answer = await self._db(queue.heartbeat, running.job,
+                answer = await self._db(jobqueue.heartbeat, running.job,
                                         lease_seconds=self._config.lease_seconds)
             except NotWritableError:
                 running.claim_lost = True
@@ -213,11 +213,11 @@ class Worker:
         job = running.job
         context = await self._db(_call_context, job.tenant_id, job.target)
         if context is None:
-            await self._db(queue.release, job, permanent=True, delay_seconds=0,
+            await self._db(jobqueue.release, job, permanent=True, delay_seconds=0,
                            error=f"target {job.target!r} is not registered", error_code="target_unknown")
             return
         url, secret = context
-        steps = await self._db(queue.steps_of, job.job_id)
+        steps = await self._db(jobqueue.steps_of, job.job_id)
         previous: Any = None
         cost = 0
         for step in steps:
@@ -255,18 +255,18 @@ class Worker:
                 return
             result = _result_of(response)
             cost += _cost_of(response)
-            if not await self._db(queue.save_step, job, step=step.step, result=result):
+            if not await self._db(jobqueue.save_step, job, step=step.step, result=result):
                 log.warning("job %s: claim lost before step %d was saved", job.job_id, step.step)
                 running.claim_lost = True
                 return
             previous = result
-        await self._db(queue.complete, job, cost=cost)
+        await self._db(jobqueue.complete, job, cost=cost)
 
-    async def _fail(self, job: queue.ClaimedJob, status: int | None, error: str,
+    async def _fail(self, job: jobqueue.ClaimedJob, status: int | None, error: str,
                     retry_after: float | None) -> None:
         outcome = decide(attempt=job.attempts, status_code=status, policy=self._config.retry,
                          rng=self._rng, retry_after_seconds=retry_after)
-        await self._db(queue.release, job, permanent=outcome.permanent,
+        await self._db(jobqueue.release, job, permanent=outcome.permanent,
                        delay_seconds=outcome.delay_seconds, error=error,
                        error_code=outcome.error_code)
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from cellfixtures import enqueue
-from cellplane_cells import queue
+from cellplane_cells import jobqueue
 from cellplane_cells.db import open_pool
 from cellplane_cells.domain.plans import Plan
 from cellplane_cells.tenants import TenantSpec, upsert_tenant
@@ -63,7 +63,7 @@ def run_claimers(conninfo: str, *, total: int | None, batch: int) -> Counter[str
                         budget[0] -= want
                     if want == 0:
                         return
-                    jobs = queue.claim(conn, worker=f"w{index}", batch=want, lease_seconds=60)
+                    jobs = jobqueue.claim(conn, worker=f"w{index}", batch=want, lease_seconds=60)
                     with lock:
                         budget[0] += want - len(jobs)
                         claimed.update(job.tenant_id for job in jobs)

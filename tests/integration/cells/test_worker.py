@@ -14,7 +14,7 @@ import pytest
 from starlette.responses import JSONResponse, Response
 
 from cellfixtures import enqueue, fetch, grant, setup_tenant
-from cellplane_cells import queue
+from cellplane_cells import jobqueue
 from cellplane_cells.db import open_pool
 from cellplane_cells.domain.signing import verify
 from cellplane_cells.errors import LeaseExpiredError, StaleEpochError
@@ -103,7 +103,7 @@ async def test_killed_worker_is_reaped_and_the_job_resumes_at_its_saved_step(
         with open_pool(cell_db, epoch=1) as pool:
             def reaped() -> bool:
                 with pool.connection() as conn:
-                    queue.reap(conn)
+                    jobqueue.reap(conn)
                 return job_status(cell_db, job_id) == "queued"
             wait_for(reaped, timeout=30, what="the reaper to return the dead worker's claim")
 
@@ -123,21 +123,21 @@ async def test_worker_with_an_old_epoch_has_every_write_rejected(cell_db: str) -
         setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
         with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
             enqueue(conn, "acme", 3, steps=2)
-            [claimed] = queue.claim(conn, worker="old", batch=1, lease_seconds=60)
+            [claimed] = jobqueue.claim(conn, worker="old", batch=1, lease_seconds=60)
             before = fetch(cell_db, "SELECT job_id, status, claim_epoch, attempts FROM jobs ORDER BY job_id")
 
             grant(cell_db, epoch=2, seconds=3600)      # a new owner took the placement group
 
             with pytest.raises(StaleEpochError):
-                queue.claim(conn, worker="old", batch=1, lease_seconds=60)
+                jobqueue.claim(conn, worker="old", batch=1, lease_seconds=60)
             with pytest.raises(StaleEpochError):
-                queue.heartbeat(conn, claimed, lease_seconds=60)
+                jobqueue.heartbeat(conn, claimed, lease_seconds=60)
             with pytest.raises(StaleEpochError):
-                queue.save_step(conn, claimed, step=1, result={"late": True})
+                jobqueue.save_step(conn, claimed, step=1, result={"late": True})
             with pytest.raises(StaleEpochError):
-                queue.complete(conn, claimed, cost=0)
+                jobqueue.complete(conn, claimed, cost=0)
             with pytest.raises(StaleEpochError):
-                queue.reap(conn)
+                jobqueue.reap(conn)
 
         # A whole worker of the old epoch claims nothing and says it is fenced.
         worker = await run_worker(cell_db, "old-worker", epoch=1)
@@ -157,7 +157,7 @@ async def test_writes_stop_at_the_lease_deadline_without_anyone_telling_the_cell
                                             " FROM placement_group") == [(True,)],
                      timeout=10, what="the lease deadline to pass on the database's clock")
             with pytest.raises(LeaseExpiredError):
-                queue.claim(conn, worker="late", batch=1, lease_seconds=60)
+                jobqueue.claim(conn, worker="late", batch=1, lease_seconds=60)
     assert fetch(cell_db, "SELECT status FROM jobs") == [("queued",)]
 
 
@@ -166,18 +166,18 @@ async def test_a_reclaimed_job_refuses_the_paused_worker_that_held_it_before(cel
         setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
         with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
             enqueue(conn, "acme", 1, steps=1)
-            [paused] = queue.claim(conn, worker="paused", batch=1, lease_seconds=0.2)
-            wait_for(lambda: bool(queue.reap(conn)), timeout=10,
+            [paused] = jobqueue.claim(conn, worker="paused", batch=1, lease_seconds=0.2)
+            wait_for(lambda: bool(jobqueue.reap(conn)), timeout=10,
                      what="the paused worker's claim to expire and be reaped")
-            [fresh] = queue.claim(conn, worker="fresh", batch=1, lease_seconds=60)
+            [fresh] = jobqueue.claim(conn, worker="fresh", batch=1, lease_seconds=60)
             assert fresh.job_id == paused.job_id and fresh.claim_epoch > paused.claim_epoch
 
             # The paused worker wakes up and tries to finish: nothing it writes lands.
-            assert queue.heartbeat(conn, paused, lease_seconds=60) is None
-            assert not queue.save_step(conn, paused, step=1, result={"from": "paused"})
-            assert not queue.complete(conn, paused, cost=5)
-            assert queue.complete(conn, fresh, cost=5)
-            assert not queue.complete(conn, fresh, cost=5)
+            assert jobqueue.heartbeat(conn, paused, lease_seconds=60) is None
+            assert not jobqueue.save_step(conn, paused, step=1, result={"from": "paused"})
+            assert not jobqueue.complete(conn, paused, cost=5)
+            assert jobqueue.complete(conn, fresh, cost=5)
+            assert not jobqueue.complete(conn, fresh, cost=5)
     assert fetch(cell_db, "SELECT status, claimed_by FROM jobs") == [("succeeded", "fresh")]
     assert fetch(cell_db, "SELECT count(*) FROM ledger WHERE kind = 'settle'") == [(1,)]
     assert fetch(cell_db, "SELECT running FROM tenants") == [(0,)]

@@ -1,0 +1,102 @@
+"""One error shape for both APIs: ``{"error": {"code": ..., "message": ...}}``.
+
+Every ``CellError`` maps to its own status; a request the schema rejects is a
+422 with the offending fields; a body over the size limit is a 413; anything
+unforeseen is logged and answered as a 500 with code ``internal``, never as a
+stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cellplane_cells.errors import CellError, RateLimitedError
+
+__all__ = ["install_error_handlers", "error_body", "BodySizeLimit"]
+
+log = logging.getLogger(__name__)
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(CellError)
+    async def cell_error(_: Request, error: CellError) -> JSONResponse:
+        headers = {}
+        if isinstance(error, RateLimitedError):
+            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
+        return JSONResponse(error_body(error.code, error.message), status_code=error.http_status,
+                            headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+        fields = [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")}
+                  for e in error.errors()]
+        return JSONResponse(error_body("invalid_request", "the request does not match the schema",
+                                       fields=fields), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
+            error.status_code, "http_error")
+        return JSONResponse(error_body(code, str(error.detail)), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal", "internal error; it has been logged"),
+                            status_code=500)
+
+
+class BodySizeLimit:
+    """Refuses bodies over ``limit`` bytes with 413, before the app reads them whole."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self._app = app
+        self._limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._limit:
+            await _too_large(send, self._limit)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self._limit:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self._app(scope, limited_receive, send)
+        except _TooLarge:
+            await _too_large(send, self._limit)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    response = JSONResponse(error_body("body_too_large", f"request bodies are limited to {limit} bytes"),
+                            status_code=413)
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(k.encode(), v.encode()) for k, v in response.headers.items()]})
+    await send({"type": "http.response.body", "body": response.body})
