@@ -71,3 +71,10 @@ def setup_tenant(conninfo: str, tenant_id: str, *, target_url: str, plan: str = 
 def fetch(conninfo: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         return list(conn.execute(sql.encode(), params).fetchall())
+
+
+def write(conninfo: str, sql: str, *params: Any, epoch: int = 1) -> None:
+    """A write as the placement group's owner would make it (fault injection in tests)."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT set_config('cellplane.epoch', %s, false)", (str(epoch),))
+        conn.execute(sql.encode(), params)

@@ -59,7 +59,8 @@ class RecordingServer:
 
         app = Starlette(routes=[Route("/{path:path}", handle, methods=["POST", "GET"])])
         self._server = uvicorn.Server(uvicorn.Config(app, host=LOOPBACK, port=self.port,
-                                                     log_level="warning", lifespan="off"))
+                                                     log_level="warning", lifespan="off",
+                                                     timeout_graceful_shutdown=1))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     @property

@@ -15,11 +15,17 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
 
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
 from cellplane_cells import jobqueue
 from cellplane_cells.api.errors import BodySizeLimit, install_error_handlers
 from cellplane_cells.domain.plans import Plan
-from cellplane_cells.errors import NotFoundError, UnauthenticatedError
+from cellplane_cells.metrics import register_queue_collector
+from cellplane_cells.errors import ConflictError, NotFoundError, UnauthenticatedError
 from cellplane_cells.queries import query
+from cellplane_cells.redrive import redrive
+from cellplane_cells.transfer import export_tenant, import_tenant
 from cellplane_cells.tenants import (
     TenantSpec, credit_wallet, register_target, register_webhook, tenant_summary, upsert_tenant,
 )
@@ -53,13 +59,37 @@ class WebhookIn(BaseModel):
     max_concurrency: int = Field(default=4, ge=1, le=100)
 
 
+class Redrive(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limit: int = Field(default=100, ge=1, le=1000)
+    per_second: float = Field(default=5.0, gt=0, le=1000,
+                              description="Pace at which the copies become due.")
+
+
+class Import(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    epoch: int = Field(ge=1, description="The tenant epoch the tenant runs under in this cell.")
+    bundle: dict[str, Any]
+
+
 class Credit(BaseModel):
     model_config = ConfigDict(extra="forbid")
     amount: int = Field(gt=0, le=10**15)
 
 
-def create_admin_app(pool: ConnectionPool, *, admin_token: str, allow_private_targets: bool) -> FastAPI:
+def create_admin_app(pool: ConnectionPool, *, admin_token: str,
+                     allow_private_targets: bool) -> FastAPI:
     app = FastAPI(title="cellplane cell: admin API", version="v1")
+
+    def read_stats() -> list[dict[str, Any]]:
+        with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cursor:
+            return cursor.execute(query("queue_stats")).fetchall()
+
+    # The process-wide counters live in the default registry; the per-tenant
+    # queue gauges belong to this app's database, in a registry of its own.
+    queue_registry = CollectorRegistry()
+    register_queue_collector(queue_registry, read_stats)
+    conninfo = pool.conninfo if isinstance(pool.conninfo, str) else pool.conninfo()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, limit=1024 * 1024)
 
@@ -110,6 +140,30 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str, allow_private_ta
         """The admin tool's refund path: pays only if no other path has paid already."""
         with pool.connection() as conn:
             return {"refunded": jobqueue.refund(conn, job_id)}
+
+    @app.post("/admin/v1/tenants/{tenant_id}/dead-letter:redrive", dependencies=guarded)
+    def redrive_dead(tenant_id: TenantId, body: Redrive) -> dict[str, Any]:
+        with pool.connection() as conn:
+            tenant_summary(conn, tenant_id)
+            result = redrive(conn, tenant_id, limit=body.limit, per_second=body.per_second)
+        return {"redriven": [{"dead": str(old), "job_id": str(new)} for old, new in result.redriven],
+                "stopped_by_funds": result.stopped_by_funds}
+
+    @app.get("/admin/v1/tenants/{tenant_id}/export", dependencies=guarded)
+    def export(tenant_id: TenantId) -> dict[str, Any]:
+        return export_tenant(conninfo, tenant_id)
+
+    @app.post("/admin/v1/tenants/{tenant_id}/import", dependencies=guarded)
+    def import_(tenant_id: TenantId, body: Import) -> dict[str, Any]:
+        if (body.bundle.get("tenant") or {}).get("tenant_id") != tenant_id:
+            raise ConflictError("the bundle is for another tenant", code="invalid_bundle")
+        with pool.connection() as conn:
+            return {"imported": import_tenant(conn, body.bundle, epoch=body.epoch)}
+
+    @app.get("/metrics", dependencies=guarded)
+    def metrics() -> Response:
+        return Response(generate_latest(REGISTRY) + generate_latest(queue_registry),
+                        media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/admin/v1/health", dependencies=guarded)
     def health() -> dict[str, Any]:

@@ -89,6 +89,10 @@ CREATE TABLE jobs (
     claimed_by     text,
     lease_until    timestamptz,
     cancel_requested boolean NOT NULL DEFAULT false,
+    -- A redriven dead job is copied into a new job (a new reservation, new
+    -- step keys); the two point at each other.
+    redriven_from  uuid,
+    redriven_to    uuid,
     last_error     text,
     error_code     text,
     created_at     timestamptz NOT NULL DEFAULT now(),

@@ -61,3 +61,33 @@ SELECT cell, epoch, lease_deadline, greatest(extract(epoch FROM lease_deadline -
 SELECT CASE WHEN pg_is_in_recovery()
             THEN extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())
        END AS lag_seconds;
+
+-- name: dead_to_redrive
+SELECT job_id, target, step_count, payload, max_attempts, estimate
+  FROM jobs
+ WHERE tenant_id = %(tenant_id)s AND status = 'dead' AND redriven_to IS NULL
+ ORDER BY finished_at, job_id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED;
+
+-- name: insert_redriven_job
+-- The copy becomes due `delay_seconds` from now: the caller spaces the copies
+-- at the redrive rate, so a large dead-letter queue comes back at a capped
+-- pace instead of all at once.
+INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, max_attempts,
+                  estimate, run_after, redriven_from)
+SELECT %(job_id)s, tenant_id, 'queued', target, step_count, payload, max_attempts, estimate,
+       now() + make_interval(secs => %(delay_seconds)s), job_id
+  FROM jobs WHERE job_id = %(old_job_id)s;
+
+-- name: mark_redriven
+UPDATE jobs SET redriven_to = %(job_id)s WHERE job_id = %(old_job_id)s;
+
+-- name: queue_stats
+-- For the metrics: per tenant, the age of the oldest queued job and the slots in use.
+SELECT t.tenant_id, t.running, t.max_running,
+       coalesce(extract(epoch FROM now() - min(j.created_at)), 0) AS oldest_queued_seconds,
+       count(j.job_id) AS queued
+  FROM tenants t
+  LEFT JOIN jobs j ON j.tenant_id = t.tenant_id AND j.status = 'queued'
+ GROUP BY t.tenant_id, t.running, t.max_running;

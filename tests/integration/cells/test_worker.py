@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.responses import JSONResponse, Response
 
-from cellfixtures import enqueue, fetch, grant, setup_tenant
+from cellfixtures import enqueue, fetch, grant, setup_tenant, write
 from cellplane_cells import jobqueue
 from cellplane_cells.db import open_pool
 from cellplane_cells.domain.signing import verify
@@ -181,3 +181,81 @@ async def test_a_reclaimed_job_refuses_the_paused_worker_that_held_it_before(cel
     assert fetch(cell_db, "SELECT status, claimed_by FROM jobs") == [("succeeded", "fresh")]
     assert fetch(cell_db, "SELECT count(*) FROM ledger WHERE kind = 'settle'") == [(1,)]
     assert fetch(cell_db, "SELECT running FROM tenants") == [(0,)]
+
+
+async def test_permanent_errors_go_to_dead_letter_at_once_and_are_refunded(cell_db: str) -> None:
+    async def refuse(call: Call) -> Response:
+        return JSONResponse({"error": "bad payload"}, status_code=400)
+
+    with RecordingServer(refuse) as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", credit=1000)
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            [job_id] = enqueue(conn, "acme", 1)
+            conn.execute("UPDATE jobs SET estimate = 250")
+            conn.execute("UPDATE wallets SET available = available - 250, reserved = 250")
+            conn.commit()
+        await run_worker(cell_db)
+        assert len(target.snapshot()) == 1
+    assert fetch(cell_db, "SELECT status, attempts, error_code FROM jobs") == [("dead", 1, "target_400")]
+    assert fetch(cell_db, "SELECT kind, amount FROM ledger") == [("refund", 250)]
+    assert fetch(cell_db, "SELECT available, reserved FROM wallets") == [(1000, 0)]
+    assert fetch(cell_db, "SELECT kind FROM outbox WHERE kind = 'job.dead'") == [("job.dead",)]
+
+
+async def test_transient_errors_retry_with_backoff_until_attempts_run_out(cell_db: str) -> None:
+    async def unavailable(call: Call) -> Response:
+        return JSONResponse({"error": "busy"}, status_code=503)
+
+    with RecordingServer(unavailable) as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            [job_id] = enqueue(conn, "acme", 1)
+            conn.execute("UPDATE jobs SET max_attempts = 3")
+            conn.commit()
+        await run_worker(cell_db)
+        # After the first failure the job waits out its backoff: not due yet.
+        [(status, attempts, due_in)] = fetch(
+            cell_db, "SELECT status, attempts, extract(epoch FROM run_after - now()) FROM jobs")
+        assert (status, attempts) == ("queued", 1) and 0 <= due_in <= 1.0
+
+        def drained() -> bool:
+            asyncio.run(run_worker(cell_db))
+            return job_status(cell_db, job_id) == "dead"
+
+        await asyncio.to_thread(wait_for, drained, timeout=30, what="the job to use up its attempts")
+        assert len(target.snapshot()) == 3
+    assert fetch(cell_db, "SELECT attempts, error_code FROM jobs") == [(3, "target_503")]
+
+
+async def test_cancel_while_running_is_recorded_honestly(cell_db: str) -> None:
+    call_arrived = threading.Event()
+
+    async def slow(call: Call) -> Response:
+        call_arrived.set()
+        await asyncio.sleep(30)
+        return JSONResponse({"ok": True})
+
+    with RecordingServer(slow) as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            [job_id] = enqueue(conn, "acme", 1)
+        running = asyncio.create_task(run_worker(cell_db))
+        await asyncio.to_thread(call_arrived.wait, 30)
+        write(cell_db, "UPDATE jobs SET cancel_requested = true")
+        await asyncio.wait_for(running, 30)
+    assert fetch(cell_db, "SELECT status, last_error FROM jobs") == [
+        ("cancelled", "cancelled while running: a call to the target had already been sent")]
+    assert fetch(cell_db, "SELECT running FROM tenants") == [(0,)]
+
+
+async def test_queued_jobs_past_their_expiry_expire_and_are_refunded(cell_db: str) -> None:
+    setup_tenant(cell_db, "acme", target_url="http://127.0.0.1:9/run")
+    with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+        [stale, fresh] = enqueue(conn, "acme", 2)
+        conn.execute("UPDATE jobs SET expires_at = now() - interval '1 second' WHERE job_id = %s",
+                     (stale,))
+        conn.commit()
+        assert jobqueue.expire_queued(conn) == 1
+        claimed = jobqueue.claim(conn, worker="w", batch=2, lease_seconds=60)
+    assert [job.job_id for job in claimed] == [fresh]
+    assert job_status(cell_db, stale) == "expired"

@@ -1,0 +1,118 @@
+"""The admin surface on a real cell database: redrive, export/import, metrics, spend limits."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from cellfixtures import create_cell_database, fetch, write
+from cellplane_cells import jobqueue
+
+from cellapi import Cell
+
+
+@pytest.fixture
+def cell(cell_db: str) -> Iterator[Cell]:
+    c = Cell(cell_db)
+    yield c
+    c.close()
+
+
+def test_redrive_copies_dead_jobs_with_new_reservations_spaced_at_the_capped_rate(cell: Cell) -> None:
+    auth = cell.tenant("acme", credit=1000, burst=20)
+    ids = [cell.submit(auth, f"k{i}", estimate=100).json()["job_id"] for i in range(5)]
+    write(cell.conninfo, "UPDATE jobs SET status = 'dead', finished_at = now()")
+    with cell.pool.connection() as conn:
+        for job_id in ids:
+            jobqueue.refund(conn, uuid.UUID(job_id))
+    assert fetch(cell.conninfo, "SELECT available, reserved FROM wallets") == [(1000, 0)]
+
+    answer = cell.admin.post("/admin/v1/tenants/acme/dead-letter:redrive",
+                             json={"limit": 10, "per_second": 2})
+    assert answer.status_code == 200, answer.text
+    redriven = answer.json()["redriven"]
+    assert sorted(r["dead"] for r in redriven) == sorted(ids)
+    # Each copy reserved its estimate again; their due times are 0.5 s apart.
+    assert fetch(cell.conninfo, "SELECT available, reserved FROM wallets") == [(500, 500)]
+    due = [row[0] for row in fetch(
+        cell.conninfo, "SELECT extract(epoch FROM run_after - min(run_after) OVER ()) FROM jobs"
+                       " WHERE redriven_from IS NOT NULL ORDER BY run_after")]
+    assert [round(float(d), 2) for d in due] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    with cell.pool.connection() as conn:
+        assert len(jobqueue.claim(conn, worker="w", batch=5, lease_seconds=60)) == 1
+    # A second redrive finds nothing left to copy.
+    again = cell.admin.post("/admin/v1/tenants/acme/dead-letter:redrive", json={"limit": 10})
+    assert again.json()["redriven"] == []
+
+
+def test_redrive_stops_when_the_wallet_runs_dry(cell: Cell) -> None:
+    auth = cell.tenant("acme", credit=250, burst=20)
+    for i in range(2):
+        cell.submit(auth, f"k{i}", estimate=100)
+    write(cell.conninfo, "UPDATE jobs SET status = 'dead', finished_at = now()")
+    with cell.pool.connection() as conn:
+        for (job_id,) in fetch(cell.conninfo, "SELECT job_id FROM jobs"):
+            jobqueue.refund(conn, job_id)
+    write(cell.conninfo, "UPDATE wallets SET available = 150")
+    answer = cell.admin.post("/admin/v1/tenants/acme/dead-letter:redrive", json={"limit": 10}).json()
+    assert len(answer["redriven"]) == 1 and answer["stopped_by_funds"] is True
+
+
+def test_export_then_import_into_another_cell_keeps_jobs_money_and_keys(cell: Cell, cell_postgres) -> None:  # type: ignore[no-untyped-def]
+    auth = cell.tenant("acme", credit=1000, burst=20)
+    queued = cell.submit(auth, "a", estimate=100).json()["job_id"]
+    running = cell.submit(auth, "b", estimate=200).json()["job_id"]
+    with cell.pool.connection() as conn:
+        claimed = jobqueue.claim(conn, worker="w", batch=1, lease_seconds=60)
+        assert [str(job.job_id) for job in claimed] == [queued]
+        assert jobqueue.save_step(conn, claimed[0], step=1, result={"done": 1})
+    bundle = cell.admin.get("/admin/v1/tenants/acme/export").json()
+
+    target_db = create_cell_database(cell_postgres.postgres["cell"], f"target_{uuid.uuid4().hex[:8]}")
+    target = Cell(target_db)
+    try:
+        for _ in range(2):    # importing twice changes nothing the second time
+            answer = target.admin.post("/admin/v1/tenants/acme/import", json={"epoch": 2, "bundle": bundle})
+            assert answer.status_code == 200, answer.text
+        assert fetch(target_db, "SELECT job_id::text, status FROM jobs ORDER BY created_at") == [
+            (queued, "queued"), (running, "queued")]
+        assert fetch(target_db, "SELECT status, result FROM job_steps WHERE job_id = %s",
+                     uuid.UUID(queued)) == [("succeeded", {"done": 1})]
+        assert fetch(target_db, "SELECT epoch, running FROM tenants") == [(2, 0)]
+        assert fetch(target_db, "SELECT available, reserved FROM wallets") == [(700, 300)]
+        assert fetch(target_db, "SELECT count(*) FROM ledger") == [(2,)]
+        # The same API key works there, and a resubmission is still recognised.
+        replay = target.submit(auth, "a", estimate=100)
+        assert replay.status_code == 202 and replay.json()["job_id"] == queued
+        conflict = target.admin.post("/admin/v1/tenants/acme/import", json={"epoch": 3, "bundle": bundle})
+        assert conflict.status_code == 409
+    finally:
+        target.close()
+
+
+def test_metrics_report_queue_age_slots_and_rejections(cell: Cell) -> None:
+    auth = cell.tenant("acme", burst=1)
+    cell.submit(auth, "a")
+    cell.submit(auth, "b")          # 429
+    text = cell.admin.get("/metrics").text
+    assert 'cellplane_cell_queued_jobs{tenant="acme"} 1.0' in text
+    assert 'cellplane_cell_running_cap{tenant="acme"} 5.0' in text
+    assert 'cellplane_cell_queue_age_seconds{tenant="acme"}' in text
+    assert 'cellplane_cell_submissions_refused_total{reason="rate_limited"}' in text
+    assert "cellplane_cell_writes_rejected_total" in text
+    assert cell.admin.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_enterprise_daily_spend_limit_is_a_wallet_that_refills_each_day(cell: Cell) -> None:
+    created = cell.admin.put("/admin/v1/tenants/bigco",
+                             json={"plan": "enterprise", "daily_spend_limit": 500})
+    auth = {"Authorization": f"Bearer {created.json()['api_key']}"}
+    cell.admin.put("/admin/v1/tenants/bigco/targets", json={"name": "default", "url": "http://127.0.0.1:9/"})
+    assert cell.submit(auth, "a", estimate=300).status_code == 202
+    assert cell.submit(auth, "b", estimate=300).status_code == 402
+    # A new day: the limit applies afresh, less what is still reserved.
+    write(cell.conninfo, "UPDATE wallets SET spend_day = current_date - 1")
+    assert cell.submit(auth, "c", estimate=200).status_code == 202
+    assert fetch(cell.conninfo, "SELECT available, reserved FROM wallets") == [(0, 500)]
