@@ -35,6 +35,9 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     work.add_argument("--lease-seconds", type=float, default=30.0)
     work.add_argument("--heartbeat-seconds", type=float, default=10.0)
     work.add_argument("--reap-seconds", type=float, default=5.0)
+    work.add_argument("--metrics-port", type=int, default=0,
+                      help="serve Prometheus metrics on this port (0: none)")
+    work.add_argument("--metrics-host", default="127.0.0.1")
     work.set_defaults(run=_work)
 
     serve = cell_commands.add_parser("serve", help="serve the tenant API and the admin API")
@@ -66,6 +69,10 @@ def _work(args: argparse.Namespace) -> int:
 
     configure_logging()
     settings = settings_from(args)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_host)
     config = WorkerConfig(worker_id=args.worker_id, epoch=settings.epoch, slots=args.slots,
                           lease_seconds=args.lease_seconds,
                           heartbeat_seconds=args.heartbeat_seconds, reap_seconds=args.reap_seconds)
