@@ -259,3 +259,14 @@ async def test_queued_jobs_past_their_expiry_expire_and_are_refunded(cell_db: st
         claimed = jobqueue.claim(conn, worker="w", batch=2, lease_seconds=60)
     assert [job.job_id for job in claimed] == [fresh]
     assert job_status(cell_db, stale) == "expired"
+
+
+async def test_counter_backstop_repairs_a_drifted_running_counter(cell_db: str) -> None:
+    setup_tenant(cell_db, "acme", target_url="http://127.0.0.1:9/run")
+    with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+        enqueue(conn, "acme", 3)
+        assert len(jobqueue.claim(conn, worker="w", batch=1, lease_seconds=60)) == 1
+        write(cell_db, "UPDATE tenants SET running = 4")     # drift, e.g. from a manual fix
+        assert jobqueue.fix_counters(conn) == {"acme": 1}
+        assert jobqueue.fix_counters(conn) == {}
+    assert fetch(cell_db, "SELECT running FROM tenants") == [(1,)]
