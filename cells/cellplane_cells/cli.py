@@ -1,7 +1,7 @@
 """``cellplane cell``: run a cell's processes.
 
     cellplane cell migrate    apply the schema migrations
-    cellplane cell work       workers, reaper (and the webhook relay)
+    cellplane cell work       workers, reaper and the webhook relay
     cellplane cell serve      the tenant API and the admin API
 """
 
@@ -28,7 +28,7 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     add_common_arguments(migrate)
     migrate.set_defaults(run=_migrate)
 
-    work = cell_commands.add_parser("work", help="run workers and the reaper")
+    work = cell_commands.add_parser("work", help="run workers, the reaper and the webhook relay")
     add_common_arguments(work)
     work.add_argument("--worker-id", default=f"{socket.gethostname()}-{os.getpid()}")
     work.add_argument("--slots", type=int, default=10)
@@ -65,6 +65,7 @@ def _work(args: argparse.Namespace) -> int:
     import httpx
 
     from cellplane_cells.db import open_pool
+    from cellplane_cells.relay import Relay, RelayConfig
     from cellplane_cells.worker import Worker, WorkerConfig
 
     configure_logging()
@@ -82,14 +83,17 @@ def _work(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.slots + 2,
+        # Job slots, the reaper, and the relay's few concurrent statements.
+        pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.slots + 6,
                          name="worker")
         try:
             async with httpx.AsyncClient() as http:
                 worker = Worker(pool, http, config)
+                relay = Relay(pool, http, RelayConfig(relay_id=args.worker_id))
                 logging.getLogger("cellplane.cell").info(
-                    "worker %s up: epoch %d, %d slots", config.worker_id, config.epoch, config.slots)
-                await worker.run(stop)
+                    "worker %s up: epoch %d, %d slots, webhook relay on",
+                    config.worker_id, config.epoch, config.slots)
+                await asyncio.gather(worker.run(stop), relay.run(stop))
         finally:
             pool.close()
 
