@@ -1,7 +1,8 @@
 """The job queue's operations, each one named statement in ``sql/queue.sql``.
 
-Functions take a connection from the caller's pool and run in their own
-transaction; the fencing trigger's refusals surface as ``NotWritableError``.
+Functions take a connection from the caller's pool (``db.open_pool``, in
+autocommit) and each runs as one statement or one explicit transaction; the
+fencing trigger's refusals surface as ``NotWritableError``.
 A claim-scoped write answers False (or None) when the claim is no longer the
 caller's: reaped, cancelled, or finished by someone else.
 """
@@ -48,7 +49,8 @@ class Step:
 
 
 def _run(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
+    """One named statement, atomic by itself (pooled connections are in autocommit)."""
+    with translate_errors(), conn.cursor(row_factory=dict_row) as cursor:
         cursor.execute(query(name), params)
         return cursor.fetchall() if cursor.description else []
 

@@ -71,8 +71,7 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
            request: JobRequest) -> StoredResponse:
     digest = request_hash(request)
     with translate_errors(), conn.cursor(row_factory=dict_row) as cursor:
-        with conn.transaction():
-            replayed = _replay(cursor, tenant_id, key, digest)
+        replayed = _replay(cursor, tenant_id, key, digest)
         if replayed is not None:
             return replayed
         remembered: dict[str, Any] | None = None
@@ -118,8 +117,7 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
                 # ours entirely and answer with the winner's response.
                 raise psycopg.Rollback()
         if remembered is None:
-            with conn.transaction():
-                replayed = _replay(cursor, tenant_id, key, digest)
+            replayed = _replay(cursor, tenant_id, key, digest)
             assert replayed is not None
             return replayed
         return StoredResponse(202, body, replayed=False)

@@ -99,7 +99,8 @@ CREATE TABLE jobs (
     started_at     timestamptz,
     finished_at    timestamptz
 );
-CREATE INDEX jobs_queued ON jobs (tenant_id, created_at) WHERE status = 'queued';
+-- Serves the claim's "oldest queued job of this tenant" (ORDER BY created_at, job_id).
+CREATE INDEX jobs_queued ON jobs (tenant_id, created_at, job_id) WHERE status = 'queued';
 CREATE INDEX jobs_running_lease ON jobs (lease_until) WHERE status = 'running';
 CREATE INDEX jobs_tenant_listing ON jobs (tenant_id, created_at DESC, job_id DESC);
 
