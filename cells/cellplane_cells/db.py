@@ -9,9 +9,11 @@ Database refusals are translated here into the cell's own errors.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -19,9 +21,12 @@ from psycopg_pool import ConnectionPool
 from cellplane_cells.errors import CellError, LeaseExpiredError, NotWritableError, StaleEpochError
 from cellplane_cells.metrics import WRITES_REJECTED
 
-__all__ = ["open_pool", "translate_errors", "STALE_EPOCH", "LEASE_EXPIRED", "NO_EPOCH"]
+__all__ = ["open_pool", "translate_errors", "ThreadedDatabase", "STALE_EPOCH", "LEASE_EXPIRED",
+           "NO_EPOCH"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 STALE_EPOCH = "CPS01"
 LEASE_EXPIRED = "CPL01"
@@ -66,3 +71,29 @@ def translate_errors() -> Iterator[None]:
         raise
     except CellError:
         raise
+
+
+class ThreadedDatabase:
+    """Runs blocking pool calls in threads for an asyncio component, and remembers fencing.
+
+    The first ``NotWritableError`` is kept in ``fenced``: a worker or relay the
+    database refused as stale or past its lease stops taking new work by itself.
+    """
+
+    def __init__(self, pool: ConnectionPool, *, component: str) -> None:
+        self._pool = pool
+        self._component = component
+        self.fenced: NotWritableError | None = None
+
+    async def __call__(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        def call() -> T:
+            with self._pool.connection() as conn:
+                return operation(conn, *args, **kwargs)
+
+        try:
+            return await asyncio.to_thread(call)
+        except NotWritableError as error:
+            if self.fenced is None:
+                log.error("%s is fenced and stops taking work: %s", self._component, error)
+            self.fenced = error
+            raise

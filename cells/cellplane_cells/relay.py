@@ -40,7 +40,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from cellplane_cells.db import translate_errors
+from cellplane_cells.db import ThreadedDatabase, translate_errors
 from cellplane_cells.domain import breaker as breakers
 from cellplane_cells.domain.breaker import Breaker, BreakerPolicy, BreakerState
 from cellplane_cells.domain.retry import RetryPolicy, decide
@@ -162,7 +162,6 @@ class Relay:
     def __init__(self, pool: ConnectionPool, http: httpx.AsyncClient,
                  config: RelayConfig | None = None, *, rng: random.Random | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        self._pool = pool
         self._http = http
         self._config = config or RelayConfig()
         self._rng = rng or random.Random()
@@ -171,25 +170,16 @@ class Relay:
         self._wall_clock = wall_clock
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
-        # Set when the database refused this relay's writes; it then claims nothing more.
-        self.fenced: NotWritableError | None = None
+        # Remembers when the database refused this relay's writes; it then claims nothing more.
+        self._db = ThreadedDatabase(pool, component=f"relay {self._config.relay_id}")
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    async def _db(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        def call() -> T:
-            with self._pool.connection() as conn:
-                return operation(conn, *args, **kwargs)
-
-        try:
-            return await asyncio.to_thread(call)
-        except NotWritableError as error:
-            if self.fenced is None:
-                log.error("relay %s is fenced, it stops claiming: %s", self._config.relay_id, error)
-            self.fenced = error
-            raise
+    @property
+    def fenced(self) -> NotWritableError | None:
+        return self._db.fenced
 
     async def fan_out(self) -> int:
         """One fan-out batch; returns the events it relayed (0: the outbox is drained)."""

@@ -24,6 +24,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cellplane_cells import jobqueue
+from cellplane_cells.db import ThreadedDatabase
 from cellplane_cells.domain.retry import RetryPolicy, decide
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.errors import NotWritableError
@@ -75,26 +76,16 @@ class _Running:
 class Worker:
     def __init__(self, pool: ConnectionPool, http: httpx.AsyncClient, config: WorkerConfig, *,
                  rng: random.Random | None = None, wall_clock: Callable[[], float] = time.time) -> None:
-        self._pool = pool
         self._http = http
         self._config = config
         self._rng = rng or random.Random()
         self._wall_clock = wall_clock
         self._running: dict[Any, _Running] = {}
-        self.fenced: NotWritableError | None = None
+        self._db = ThreadedDatabase(pool, component=f"worker {config.worker_id}")
 
-    async def _db(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        def call() -> T:
-            with self._pool.connection() as conn:
-                return operation(conn, *args, **kwargs)
-
-        try:
-            return await asyncio.to_thread(call)
-        except NotWritableError as error:
-            if self.fenced is None:
-                log.error("worker %s is fenced, it stops claiming: %s", self._config.worker_id, error)
-            self.fenced = error
-            raise
+    @property
+    def fenced(self) -> NotWritableError | None:
+        return self._db.fenced
 
     @property
     def busy(self) -> int:
