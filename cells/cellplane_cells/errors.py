@@ -15,7 +15,10 @@ __all__ = [
     "UnauthenticatedError",
     "NotFoundError",
     "ConflictError",
+    "RetryLaterError",
     "RateLimitedError",
+    "UnavailableError",
+    "TenantPausedError",
     "InsufficientFundsError",
     "InvalidRequestError",
     "TargetRefusedError",
@@ -63,13 +66,29 @@ class ConflictError(CellError):
     http_status = 409
 
 
-class RateLimitedError(CellError):
+class RetryLaterError(CellError):
+    """Refused for now; the answer carries ``Retry-After``."""
+
+    def __init__(self, message: str, *, retry_after_seconds: float, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class RateLimitedError(RetryLaterError):
     code = "rate_limited"
     http_status = 429
 
-    def __init__(self, message: str, *, retry_after_seconds: float) -> None:
-        super().__init__(message)
-        self.retry_after_seconds = retry_after_seconds
+
+class UnavailableError(RetryLaterError):
+    """The cell cannot serve this now (database busy or away, tenant being moved)."""
+
+    code = "unavailable"
+    http_status = 503
+
+
+class TenantPausedError(CellError):
+    code = "tenant_paused"
+    http_status = 409
 
 
 class InsufficientFundsError(CellError):

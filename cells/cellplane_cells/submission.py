@@ -10,7 +10,6 @@ submission leaves nothing behind and an accepted one leaves everything.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import uuid
@@ -74,35 +73,36 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
         replayed = _replay(cursor, tenant_id, key, digest)
         if replayed is not None:
             return replayed
+        if cursor.execute(query("target_url"), {"tenant_id": tenant_id,
+                                                "target": request.target}).fetchone() is None:
+            SUBMISSIONS_REFUSED.labels("target_unknown").inc()
+            raise TargetRefusedError(f"target {request.target!r} is not registered for this tenant",
+                                     code="target_not_registered")
+        # The token is taken in a statement of its own, before the transaction:
+        # the bucket's row lock is then held for one statement, not for the
+        # whole submission, so one hot tenant's requests do not queue on it
+        # while holding pooled connections. A submission refused later (402)
+        # has still spent its token, as a rate limit on requests should.
+        if cursor.execute(query("take_token"), {"tenant_id": tenant_id}).fetchone() is None:
+            wait = cursor.execute(query("token_wait"), {"tenant_id": tenant_id}).fetchone()
+            SUBMISSIONS_REFUSED.labels("rate_limited").inc()
+            seconds = float(next(iter(wait.values()))) if wait else 1.0
+            raise RateLimitedError("submission rate limit reached",
+                                   retry_after_seconds=max(seconds, 0.001))
         remembered: dict[str, Any] | None = None
         with conn.transaction():
-            if cursor.execute(query("target_url"), {"tenant_id": tenant_id,
-                                                    "target": request.target}).fetchone() is None:
-                SUBMISSIONS_REFUSED.labels("target_unknown").inc()
-                raise TargetRefusedError(
-                    f"target {request.target!r} is not registered for this tenant",
-                    code="target_not_registered")
-            if cursor.execute(query("take_token"), {"tenant_id": tenant_id}).fetchone() is None:
-                wait = cursor.execute(query("token_wait"), {"tenant_id": tenant_id}).fetchone()
-                SUBMISSIONS_REFUSED.labels("rate_limited").inc()
-                seconds = float(next(iter(wait.values()))) if wait else 1.0
-                raise RateLimitedError("submission rate limit reached",
-                                       retry_after_seconds=max(seconds, 0.001))
             job_id = uuid.uuid4()
             params: dict[str, Any] = {
                 "tenant_id": tenant_id, "job_id": job_id, "target": request.target,
                 "step_count": request.steps, "payload": Jsonb(request.payload),
                 "max_attempts": request.max_attempts, "estimate": request.estimate,
-                "expires_at": None,
+                "expires_in_seconds": request.expires_in_seconds,
             }
             if cursor.execute(query("reserve"), params).fetchone() is None:
                 SUBMISSIONS_REFUSED.labels("insufficient_funds").inc()
                 raise InsufficientFundsError(
                     f"the estimate of {request.estimate} does not fit the tenant's available "
                     "balance or daily spend limit")
-            if request.expires_in_seconds is not None:
-                params["expires_at"] = (datetime.datetime.now(datetime.timezone.utc)
-                                        + datetime.timedelta(seconds=request.expires_in_seconds))
             created = cursor.execute(query("insert_job"), params).fetchone()
             assert created is not None
             cursor.execute(query("insert_steps"), params)

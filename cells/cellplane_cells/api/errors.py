@@ -18,7 +18,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cellplane_cells.errors import CellError, RateLimitedError
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from cellplane_cells.errors import CellError, RetryLaterError
 
 __all__ = ["install_error_handlers", "error_body", "BodySizeLimit"]
 
@@ -33,7 +36,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(CellError)
     async def cell_error(_: Request, error: CellError) -> JSONResponse:
         headers = {}
-        if isinstance(error, RateLimitedError):
+        if isinstance(error, RetryLaterError):
             headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
         return JSONResponse(error_body(error.code, error.message), status_code=error.http_status,
                             headers=headers)
@@ -50,6 +53,16 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
             error.status_code, "http_error")
         return JSONResponse(error_body(code, str(error.detail)), status_code=error.status_code)
+
+    @app.exception_handler(PoolTimeout)
+    @app.exception_handler(psycopg.OperationalError)
+    async def database_unavailable(request: Request, error: Exception) -> JSONResponse:
+        # No connection in time (pool exhausted, database restarting or gone):
+        # the request did nothing, and the client may retry it.
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, error)
+        return JSONResponse(error_body("database_unavailable", "the cell's database is busy or "
+                                       "unreachable; retry shortly"),
+                            status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:

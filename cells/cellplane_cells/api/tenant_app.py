@@ -24,7 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from cellplane_cells.api.errors import BodySizeLimit, install_error_handlers
 from cellplane_cells.db import translate_errors
-from cellplane_cells.errors import InvalidRequestError, NotFoundError, UnauthenticatedError
+from cellplane_cells.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    TenantPausedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from cellplane_cells.queries import query
 from cellplane_cells.submission import JobRequest, submit
 from cellplane_cells.tenants import hash_api_key
@@ -103,7 +109,7 @@ def create_tenant_app(pool: ConnectionPool) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
 
-    def tenant(authorization: Annotated[str | None, Header()] = None) -> str:
+    def caller(authorization: Annotated[str | None, Header()] = None) -> tuple[str, str]:
         if not authorization or not authorization.startswith("Bearer "):
             raise UnauthenticatedError("an API key is required: Authorization: Bearer <key>")
         with pool.connection() as conn:
@@ -111,13 +117,32 @@ def create_tenant_app(pool: ConnectionPool) -> FastAPI:
                                {"key_hash": hash_api_key(authorization[7:].strip())}).fetchone()
         if row is None:
             raise UnauthenticatedError("unknown API key")
-        return str(row[0])
+        return str(row[0]), str(row[2])
+
+    def tenant(identity: Annotated[tuple[str, str], Depends(caller)]) -> str:
+        return identity[0]
+
+    def submitting_tenant(identity: Annotated[tuple[str, str], Depends(caller)]) -> str:
+        tenant_id, state = identity
+        if state == "frozen":
+            # A move is cutting over: the pause is short and bounded.
+            raise UnavailableError("the tenant is being moved; retry shortly", code="tenant_moving",
+                                   retry_after_seconds=1)
+        if state != "active":
+            raise TenantPausedError("the tenant is paused; jobs are not accepted")
+        return tenant_id
 
     Tenant = Annotated[str, Depends(tenant)]
+    SubmittingTenant = Annotated[str, Depends(submitting_tenant)]
 
     @app.post("/v1/jobs", status_code=202, responses={
-        200: {"description": "never used"}, 409: {}, 402: {}, 429: {}, 401: {}, 413: {}})
-    def submit_job(request: Request, body: SubmitJob, tenant_id: Tenant,
+        401: {"description": "unknown or missing API key"},
+        402: {"description": "the estimate does not fit the wallet or daily spend limit"},
+        409: {"description": "the key was used with another request, or the tenant is paused"},
+        413: {"description": "body too large"},
+        429: {"description": "rate limited; see Retry-After"},
+        503: {"description": "tenant being moved or database busy; see Retry-After"}})
+    def submit_job(request: Request, body: SubmitJob, tenant_id: SubmittingTenant,
                    idempotency_key: Annotated[str, Header(min_length=1, max_length=255)]) -> JSONResponse:
         job = JobRequest(target=body.target, payload=body.payload, steps=body.steps,
                          max_attempts=body.max_attempts, estimate=body.estimate,

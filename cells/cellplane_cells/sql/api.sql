@@ -54,10 +54,13 @@ SELECT tenant_id, %(job_id)s, 'reserve', %(estimate)s FROM wallet
 RETURNING entry_id;
 
 -- name: insert_job
+-- The expiry is a duration turned into a time by the database's clock, the
+-- cell's only clock.
 INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, max_attempts,
                   estimate, expires_at)
 VALUES (%(job_id)s, %(tenant_id)s, 'queued', %(target)s, %(step_count)s, %(payload)s,
-        %(max_attempts)s, %(estimate)s, %(expires_at)s)
+        %(max_attempts)s, %(estimate)s,
+        now() + make_interval(secs => %(expires_in_seconds)s::double precision))
 RETURNING created_at;
 
 -- name: insert_steps

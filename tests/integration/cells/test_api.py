@@ -229,3 +229,28 @@ def test_a_refund_reached_by_four_paths_pays_once(cell: Cell) -> None:
     assert sorted(paid) == [0, 0, 0, 400]
     assert fetch(cell.conninfo, "SELECT available, reserved FROM wallets") == [(1000, 0)]
     assert fetch(cell.conninfo, "SELECT count(*) FROM ledger WHERE kind = 'refund'") == [(1,)]
+
+
+def test_paused_and_moving_tenants_are_refused_clearly_but_can_still_read(cell: Cell) -> None:
+    from cellfixtures import write
+
+    auth = cell.tenant("acme")
+    job_id = cell.submit(auth, "before").json()["job_id"]
+    write(cell.conninfo, "UPDATE tenants SET state = 'paused'")
+    paused = cell.submit(auth, "k1")
+    assert paused.status_code == 409 and paused.json()["error"]["code"] == "tenant_paused"
+    write(cell.conninfo, "UPDATE tenants SET state = 'frozen'")
+    moving = cell.submit(auth, "k2")
+    assert moving.status_code == 503 and moving.json()["error"]["code"] == "tenant_moving"
+    assert moving.headers["retry-after"] == "1"
+    assert cell.api.get(f"/v1/jobs/{job_id}", headers=auth).status_code == 200
+    assert count(cell.conninfo, "jobs") == 1
+
+
+def test_expiry_is_set_by_the_databases_clock(cell: Cell) -> None:
+    auth = cell.tenant("acme")
+    job_id = cell.submit(auth, "k", expires_in_seconds=600).json()["job_id"]
+    [(seconds,)] = fetch(cell.conninfo, "SELECT extract(epoch FROM expires_at - created_at) FROM jobs"
+                                        " WHERE job_id = %s", uuid.UUID(job_id))
+    assert 599 <= float(seconds) <= 601
+    assert cell.api.get(f"/v1/jobs/{job_id}", headers=auth).json()["expires_at"] is not None
