@@ -462,8 +462,9 @@ def print_notes(outcomes: list[Outcome], config: BenchConfig, server_version: st
           f"so every claimed job is completed. Claims/s counts jobs, not statements.")
     print("- ours: claim_jobs, then complete_job per job (counter, ledger, wallet and outbox "
           "in one statement); seed: drill 13's claim, then two UPDATEs in one transaction. "
-          "psycopg sends BEGIN and COMMIT as round trips of their own: 3 per statement "
-          "of ours, 3 + 4 per seed job.")
+          "Pooled connections are in autocommit: each of our statements is one round "
+          "trip; the seed's claim is one and its completion four (BEGIN, two UPDATEs, "
+          "COMMIT).")
     print(f"- Max running seen: the larger of the jobs-per-tenant count and the tenants' "
           f"counters, sampled every {config.sample_interval * 1000:.0f} ms "
           f"({', '.join(str(o.samples.count) for o in outcomes)} samples) and at the end. "
