@@ -69,6 +69,23 @@ def _parser() -> argparse.ArgumentParser:
                       help="stay up after the demo until interrupted")
     demo.set_defaults(run=_run_demo)
 
+    ownership = commands.add_parser("ownership", help="placement-group ownership leases")
+    ownership_commands = ownership.add_subparsers(title="ownership commands")
+    hold = ownership_commands.add_parser(
+        "hold", help="compete for and hold one placement group's lease; print transitions as JSON")
+    hold.add_argument("--cell", required=True)
+    hold.add_argument("--region", required=True)
+    hold.add_argument("--site", required=True)
+    hold.add_argument("--etcd", required=True, help="comma-separated host:port of etcd members")
+    hold.add_argument("--database", help="cell database conninfo to grant epoch and deadline to")
+    hold.add_argument("--lease-seconds", type=int, default=10)
+    hold.add_argument("--renew-seconds", type=float, default=2.0)
+    hold.add_argument("--margin-seconds", type=float, default=2.0)
+    hold.add_argument("--takeover-delay-seconds", type=float, default=0.0)
+    hold.add_argument("--etcd-timeout-seconds", type=float, default=1.0,
+                      help="bound of one etcd operation over all members")
+    hold.set_defaults(run=_run_hold)
+
     from cellplane_cells.cli import add_cell_commands
 
     add_cell_commands(commands)
@@ -87,6 +104,51 @@ def _run_operator(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ["CELLPLANE_REGION"] = args.region
     asyncio.run(kopf.operator(standalone=True, clusterwide=True))
+    return EXIT_OK
+
+
+def _run_hold(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from cellplane_operator.clock import SystemClock
+    from cellplane_operator.domain.ownership import LeaseSettings
+    from cellplane_operator.ownership import LeaseHolder, OwnershipTable
+    from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
+    from cellplane_operator.ownership.holder import HolderIdentity
+    from cellplane_operator.ownership.reporting import ReportingActor
+    from cellplane_operator.store import EtcdStore
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = LeaseSettings(duration_seconds=args.lease_seconds,
+                                 renew_interval_seconds=args.renew_seconds,
+                                 margin_seconds=args.margin_seconds).validated()
+    except ValueError as error:
+        print(f"cellplane ownership hold: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def hold() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        timeout = min(args.etcd_timeout_seconds, settings.renew_interval_seconds)
+        store = EtcdStore(args.etcd.split(","), timeout=timeout, attempt_timeout=timeout / 2)
+        actor = ReportingActor(CellDatabaseGrant(args.database) if args.database else None)
+        holder = LeaseHolder(OwnershipTable(store), HolderIdentity(args.cell, args.region, args.site),
+                             actor, settings=settings, clock=SystemClock(),
+                             takeover_delay_seconds=args.takeover_delay_seconds)
+        try:
+            await holder.run(stop)
+            # A clean shutdown is a planned handover: the next owner need not
+            # wait for the lease to run out.
+            await holder.release()
+        finally:
+            await store.close()
+
+    asyncio.run(hold())
     return EXIT_OK
 
 

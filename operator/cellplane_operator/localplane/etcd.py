@@ -142,6 +142,17 @@ class EtcdCluster:
         if member.process is not None:
             member.process.kill()
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP one member: it keeps its ports open and answers nothing."""
+        process = self.member(name).process
+        if process is not None:
+            process.pause()
+
+    def resume(self, name: str) -> None:
+        process = self.member(name).process
+        if process is not None:
+            process.resume()
+
     def restart(self, name: str, *, timeout: float = 60) -> None:
         """Start a stopped member again on its old data dir; it rejoins the cluster."""
         member = self.member(name)

@@ -133,6 +133,7 @@ class ManagedProcess:
         if self._popen is None:
             return
         if self._popen.poll() is None:
+            self._signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
             self._signal(signal.SIGTERM)
             try:
                 self._popen.wait(timeout=grace)
@@ -149,6 +150,15 @@ class ManagedProcess:
             self._signal(signal.SIGKILL)
             self._popen.wait(timeout=10)
         self._popen = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but answers nothing, like a hung machine."""
+        if self._popen is not None and self._popen.poll() is None:
+            self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._popen is not None and self._popen.poll() is None:
+            self._signal(signal.SIGCONT)
 
     def _signal(self, sig: signal.Signals) -> None:
         assert self._popen is not None

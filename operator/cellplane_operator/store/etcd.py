@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aetcd
 
 from cellplane_operator.errors import StoreError, StoreUnavailableError
-from cellplane_operator.store.base import VersionedValue
+from cellplane_operator.store.base import Compare, Delete, Put, VersionedValue, WatchEvent
 
 __all__ = ["EtcdStore"]
 
@@ -135,6 +135,85 @@ class EtcdStore:
         result = await self._call(f"delete {key}", lambda c: c.delete(key.encode()))
         return bool(result is not None and getattr(result, "deleted", 0))
 
+    async def transaction(self, compares: Sequence[Compare], success: Sequence[Put | Delete], *,
+                          what: str) -> bool:
+        """All ``success`` operations if every compare holds, atomically; True if they ran.
+
+        Never repeated after an unanswered attempt (see the module docstring):
+        on ``StoreUnavailableError`` the outcome is unknown and the caller reads
+        the keys to learn it.
+        """
+        async def run(client: aetcd.Client) -> Any:
+            return await client.transaction(
+                compare=[_compare(client, c) for c in compares],
+                success=[_operation(client, op) for op in success], failure=[])
+
+        succeeded, _ = await self._call(what, run, repeatable=False)
+        return bool(succeeded)
+
+    async def read(self, *keys: str) -> dict[str, VersionedValue | None]:
+        """Several keys read at one revision (one transaction of reads)."""
+        async def run(client: aetcd.Client) -> Any:
+            return await client.transaction(
+                compare=[], success=[client.transactions.get(k.encode()) for k in keys], failure=[])
+
+        _, responses = await self._call(f"read {', '.join(keys)}", run)
+        found: dict[str, VersionedValue | None] = {}
+        for key, response in zip(keys, responses):
+            found[key] = None
+            for value, meta in response:
+                found[key] = VersionedValue(bytes(value), int(meta.mod_revision), int(meta.version))
+        return found
+
+    async def grant_lease(self, ttl_seconds: int) -> tuple[int, int]:
+        """A new etcd lease; returns (lease id, granted TTL in seconds).
+
+        Repeatable: a grant whose answer was lost leaves a lease nobody
+        renews, which etcd drops after its TTL.
+        """
+        lease = await self._call(f"grant lease ttl={ttl_seconds}",
+                                 lambda c: c.lease(ttl_seconds))
+        return int(lease.id), int(lease.ttl)
+
+    async def keep_alive(self, lease_id: int) -> int:
+        """Renews the lease once; returns its TTL from now (<= 0: it had expired)."""
+        reply = await self._call(f"keep-alive lease {lease_id}", lambda c: c.refresh_lease(lease_id))
+        return int(reply.TTL) if reply is not None else 0
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        try:
+            await self._call(f"revoke lease {lease_id}", lambda c: c.revoke_lease(lease_id))
+        except StoreError as error:
+            if "lease not found" not in str(error):
+                raise
+
+    async def watch_prefix(self, prefix: str, *, start_revision: int | None = None
+                           ) -> AsyncIterator[WatchEvent]:
+        """Events under ``prefix``, forever; survives the loss of the member it watches.
+
+        When the watched member fails, the watch moves to the next member and
+        resumes after the last revision it delivered, so no event is skipped.
+        aetcd hands the event kind over as the string "PUT" or "DELETE", not
+        as its EventKind enum; both compare equal to the string, which is what
+        is relied on here.
+        """
+        next_revision = start_revision
+        key = prefix.encode()
+        while True:
+            endpoint = self.current_endpoint
+            try:
+                watch = await self._client(endpoint).watch_prefix(key, start_revision=next_revision)
+                async for event in watch:
+                    deleted = str(getattr(event.kind, "value", event.kind)) == "DELETE"
+                    revision = int(event.kv.mod_revision)
+                    next_revision = revision + 1
+                    yield WatchEvent("delete" if deleted else "put", bytes(event.kv.key).decode(),
+                                     bytes(event.kv.value), revision)
+            except (aetcd.ClientError, asyncio.TimeoutError) as error:
+                log.info("watch of %s on %s ended (%s); moving on", prefix, endpoint, error)
+                self._next_member()
+                await asyncio.sleep(_ROUND_PAUSE_SECONDS)
+
     async def close(self) -> None:
         clients, self._clients = self._clients, {}
         for client in clients.values():
@@ -142,6 +221,19 @@ class EtcdStore:
                 await client.close()
             except Exception:  # closing a channel to a dead member must not mask anything
                 log.debug("closing etcd client failed", exc_info=True)
+
+
+def _compare(client: aetcd.Client, compare: Compare) -> Any:
+    target = {"version": client.transactions.version, "value": client.transactions.value,
+              "mod_revision": client.transactions.mod}[compare.target](compare.key.encode())
+    return target == compare.value
+
+
+def _operation(client: aetcd.Client, operation: Put | Delete) -> Any:
+    if isinstance(operation, Put):
+        return client.transactions.put(operation.key.encode(), operation.value,
+                                       lease=operation.lease_id)
+    return client.transactions.delete(operation.key.encode())
 
 
 def _never_reached(error: BaseException) -> bool:

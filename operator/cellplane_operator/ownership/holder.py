@@ -1,0 +1,215 @@
+"""One process's hold on one placement group: observe, acquire, renew, self-fence, release.
+
+Two loops run side by side. The lease loop talks to etcd: it reads (and
+watches) the group, competes when the owner is gone, and renews while it owns.
+The watchdog talks to nobody: it sleeps until ``confirmed_until - margin`` on
+the monotonic clock and, if no renewal has moved that instant by then, stops
+the group's work. Because the watchdog never waits on etcd, an owner whose
+renewals hang (partition, lost quorum, a paused etcd member) still stops on
+time.
+
+The group's work is started, renewed and stopped through a ``GroupActor``: for
+a cell, that writes the epoch and the remaining duration into the cell
+database's placement-group row (which refuses every write after that
+duration, by its own clock) and starts or stops the cell's workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from cellplane_operator.clock import MonotonicClock
+from cellplane_operator.domain.ownership import (
+    LeaseSettings,
+    LeaseState,
+    OwnerRecord,
+    Role,
+    acquired,
+    database_grant,
+    lost_race,
+    may_act,
+    must_self_fence,
+    observe,
+    ready_to_acquire,
+    released,
+    renewed,
+    self_fenced,
+)
+from cellplane_operator.errors import StoreError
+from cellplane_operator.ownership.table import OwnershipTable
+
+__all__ = ["GroupActor", "LeaseHolder", "HolderIdentity"]
+
+log = logging.getLogger(__name__)
+
+
+class GroupActor(Protocol):
+    async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
+        """We now own the group under ``epoch``; the database may accept writes for ``remaining``."""
+
+    async def renew_grant(self, epoch: int, remaining_seconds: float) -> None:
+        """A renewal was confirmed: extend the database's grant."""
+
+    async def stop_acting(self, epoch: int, reason: str) -> None:
+        """Stop the group's work now (self-fence, lost ownership, or release)."""
+
+
+@dataclass(frozen=True)
+class HolderIdentity:
+    cell: str
+    region: str
+    site: str
+
+
+class LeaseHolder:
+    def __init__(self, table: OwnershipTable, identity: HolderIdentity, actor: GroupActor, *,
+                 settings: LeaseSettings, clock: MonotonicClock,
+                 takeover_delay_seconds: float = 0.0, compete: bool = True) -> None:
+        self._table = table
+        self._identity = identity
+        self._actor = actor
+        self._settings = settings.validated()
+        self._clock = clock
+        self._takeover_delay = takeover_delay_seconds
+        self.compete = compete
+        """False keeps this holder observing only (e.g. its standby is too far behind)."""
+        self.state = LeaseState()
+        self._changed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._acting_epoch: int | None = None
+
+    @property
+    def acting(self) -> bool:
+        return self._acting_epoch is not None and may_act(
+            self.state, now=self._clock.monotonic(), settings=self._settings)
+
+    def _set(self, state: LeaseState) -> None:
+        self.state = state
+        self._changed.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        watchdog = asyncio.create_task(self._watchdog())
+        watcher = asyncio.create_task(self._watch())
+        try:
+            while not stop.is_set():
+                try:
+                    await self._step()
+                except StoreError as error:
+                    log.warning("%s: etcd: %s", self._identity.cell, error)
+                except Exception:
+                    # The actor (the cell database) failing must not end the
+                    # loop: the watchdog and the database's deadline still hold.
+                    log.exception("%s: lease step failed", self._identity.cell)
+                await self._sleep_until_next(stop)
+        finally:
+            watcher.cancel()
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+            await self._stop("holder stopped")
+
+    async def release(self) -> bool:
+        """Planned handover: stop acting, then delete our owner key if it is still ours."""
+        state = self.state
+        if state.role is not Role.OWNER or state.epoch is None or state.lease_id is None:
+            return False
+        await self._stop("released for a planned handover")
+        record = OwnerRecord(self._identity.region, self._identity.site, state.epoch, state.lease_id)
+        done = await self._table.release(self._identity.cell, record)
+        self._set(released(self.state))
+        await self._table.store.revoke_lease(state.lease_id)
+        return done
+
+    async def _step(self) -> None:
+        now = self._clock.monotonic()
+        if self.state.role is Role.OWNER:
+            await self._renew()
+        owner, epoch = await self._table.read(self._identity.cell)
+        before = self.state.role
+        self._set(observe(self.state, owner=owner, epoch=epoch, now=self._clock.monotonic()))
+        if before is Role.OWNER and self.state.role is not Role.OWNER:
+            await self._stop(f"owner key gone or taken over (etcd epoch {epoch})")
+        if self.compete and ready_to_acquire(self.state, now=now, settings=self._settings,
+                                             extra_delay=self._takeover_delay):
+            await self._acquire()
+
+    async def _acquire(self) -> None:
+        cell = self._identity.cell
+        sent_at = self._clock.monotonic()
+        lease_id, ttl = await self._table.store.grant_lease(int(self._settings.duration_seconds))
+        record = await self._table.try_acquire(cell, region=self._identity.region,
+                                               site=self._identity.site,
+                                               expected_epoch=self.state.epoch_seen, lease_id=lease_id)
+        if record is None:
+            log.info("%s: lost the race for epoch %d", cell, self.state.epoch_seen + 1)
+            self._set(lost_race(self.state))
+            await self._table.store.revoke_lease(lease_id)
+            return
+        self._set(acquired(self.state, epoch=record.epoch, lease_id=lease_id, sent_at=sent_at,
+                           ttl=ttl))
+        remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
+        if remaining <= 0:
+            return
+        log.info("%s: acquired at epoch %d by %s/%s", cell, record.epoch, self._identity.region,
+                 self._identity.site)
+        self._acting_epoch = record.epoch
+        await self._actor.start_acting(record.epoch, remaining)
+
+    async def _renew(self) -> None:
+        assert self.state.lease_id is not None and self.state.epoch is not None
+        sent_at = self._clock.monotonic()
+        ttl = await self._table.store.keep_alive(self.state.lease_id)
+        self._set(renewed(self.state, sent_at=sent_at, ttl=ttl))
+        remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
+        if remaining > 0 and self._acting_epoch == self.state.epoch:
+            await self._actor.renew_grant(self.state.epoch, remaining)
+
+    async def _watchdog(self) -> None:
+        """Stops the work at ``confirmed_until - margin`` unless a renewal moved it."""
+        while True:
+            self._changed.clear()
+            state = self.state
+            if must_self_fence(state, now=self._clock.monotonic(), settings=self._settings):
+                log.error("%s: lease not confirmed in time, self-fencing at epoch %s",
+                          self._identity.cell, state.epoch)
+                self._set(self_fenced(state))
+                await self._stop("self-fenced: no renewal confirmed before deadline - margin")
+                continue
+            if state.role is Role.OWNER and state.confirmed_until is not None:
+                fence_at = state.confirmed_until - self._settings.margin_seconds
+                delay = max(fence_at - self._clock.monotonic(), 0.0)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), delay)
+            else:
+                await self._changed.wait()
+
+    async def _watch(self) -> None:
+        """Wakes the lease loop on any change of the group's keys, instead of at the next tick."""
+        async for _ in self._table.store.watch_prefix(self._table.group_prefix(self._identity.cell)):
+            self._wake.set()
+
+    async def _sleep_until_next(self, stop: asyncio.Event) -> None:
+        interval = self._settings.renew_interval_seconds
+        if self.state.role in (Role.WAITING, Role.FENCED) and self.state.gone_since is not None:
+            # Wake exactly when the wait for a takeover is over.
+            due = (self.state.gone_since + self._settings.margin_seconds + self._takeover_delay
+                   - self._clock.monotonic())
+            interval = min(interval, max(due, 0.0))
+        self._wake.clear()
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _stop(self, reason: str) -> None:
+        epoch, self._acting_epoch = self._acting_epoch, None
+        if epoch is not None:
+            await self._actor.stop_acting(epoch, reason)

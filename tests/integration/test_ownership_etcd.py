@@ -1,0 +1,210 @@
+"""Placement-group ownership on a real 3-member etcd, with injected faults.
+
+Each holder is a real `cellplane ownership hold` process that prints its
+transitions as JSON lines with its monotonic clock (CLOCK_MONOTONIC is one
+clock for every process of this machine, so the test can order them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cellplane_operator.domain.ownership import OwnerRecord
+from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
+from cellplane_operator.localplane.process import wait_for
+from cellplane_operator.ownership.table import OwnershipTable
+from cellplane_operator.store import EtcdStore
+
+LEASE, RENEW, MARGIN = 3, 0.5, 1.0
+CELL = "cell-a"
+
+
+class Holder:
+    def __init__(self, plane: LocalControlPlane, region: str, *, endpoints: list[str] | None = None,
+                 lease: int = LEASE, renew: float = RENEW, margin: float = MARGIN) -> None:
+        self.region = region
+        self.log = plane.run_dir / "logs" / f"holder-{region}.log"
+        self.process = ManagedProcess(
+            f"holder-{region}",
+            [sys.executable, "-m", "cellplane_operator", "ownership", "hold", "--cell", CELL,
+             "--region", region, "--site", f"{region}-1",
+             "--etcd", ",".join(endpoints or plane.etcd.endpoints),
+             "--lease-seconds", str(lease), "--renew-seconds", str(renew),
+             "--margin-seconds", str(margin), "--etcd-timeout-seconds", "0.5"],
+            log=self.log)
+        self.process.start()
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log.read_text().splitlines():
+            if line.startswith('{"event"'):
+                event = json.loads(line)
+                if kind is None or event["event"] == kind:
+                    found.append(event)
+        return found
+
+    async def wait(self, kind: str, *, timeout: float = 30) -> dict[str, Any]:
+        # In a thread: the event loop keeps serving the test's etcd watch meanwhile.
+        await asyncio.to_thread(self.process.wait_until, lambda: bool(self.events(kind)),
+                                timeout=timeout, what=f"a {kind!r} event")
+        return self.events(kind)[0]
+
+
+@pytest.fixture
+def holders(etcd3: LocalControlPlane) -> Iterator[list[Holder]]:
+    started: list[Holder] = []
+    yield started
+    for holder in started:
+        holder.process.stop()
+
+
+class KeyWatch:
+    """Timestamps (monotonic) every change of the owner key, seen from the given members."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.store = EtcdStore(endpoints, timeout=2)
+        self.table = OwnershipTable(self.store)
+        self.changes: list[tuple[float, str, bytes]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> KeyWatch:
+        async def run() -> None:
+            async for event in self.store.watch_prefix(self.table.owner_key(CELL)):
+                self.changes.append((time.monotonic(), event.kind, event.value))
+        self._task = asyncio.create_task(run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await self.store.close()
+
+    def deleted_at(self) -> float | None:
+        return next((at for at, kind, _ in self.changes if kind == "delete"), None)
+
+
+async def until(condition: Any, *, timeout: float, what: str) -> None:
+    await asyncio.to_thread(wait_for, condition, timeout=timeout, what=what)
+
+
+async def test_watch_reports_puts_and_deletes_as_our_kinds(etcd3: LocalControlPlane) -> None:
+    store = EtcdStore(etcd3.etcd.endpoints, timeout=2)
+    seen: list[tuple[str, str]] = []
+
+    async def watch_from(revision: int) -> None:
+        async for event in store.watch_prefix("/cellplane/test/", start_revision=revision):
+            seen.append((event.kind, event.key))
+
+    # Watching from a revision taken before the writes: no event can slip
+    # past, however late the watch registers.
+    start = await store.put("/cellplane/test/start", b"")
+    task = asyncio.create_task(watch_from(start + 1))
+    try:
+        await store.put("/cellplane/test/a", b"1")
+        await store.delete("/cellplane/test/a")
+        await until(lambda: len(seen) >= 2, timeout=10, what="two watch events")
+        assert seen[:2] == [("put", "/cellplane/test/a"), ("delete", "/cellplane/test/a")]
+    finally:
+        task.cancel()
+        await store.close()
+
+
+async def test_killed_owner_is_replaced_only_after_its_lease_ended_plus_the_margin(
+    etcd3: LocalControlPlane, holders: list[Holder]
+) -> None:
+    async with KeyWatch(etcd3.etcd.endpoints) as watch:
+        owner = Holder(etcd3, "region-a")
+        holders.append(owner)
+        first = await owner.wait("acting")
+        candidate = Holder(etcd3, "region-b")
+        holders.append(candidate)
+        await until(lambda: len(owner.events("renewed")) >= 3, timeout=20, what="renewals")
+
+        killed_at = time.monotonic()
+        owner.process.kill()
+        taken = await candidate.wait("acting", timeout=30)
+
+        deleted_at = watch.deleted_at()
+        assert deleted_at is not None
+        last_renewal = owner.events("renewed")[-1]["monotonic"]
+        # etcd held the key for a full lease after the last renewal it saw...
+        assert deleted_at - last_renewal >= LEASE - RENEW - 0.05
+        # ...and the candidate waited the margin after seeing it gone.
+        assert taken["monotonic"] - deleted_at >= MARGIN
+        assert taken["monotonic"] - killed_at >= LEASE - RENEW + MARGIN - 0.05
+        assert taken["epoch"] == first["epoch"] + 1
+    owner_record, epoch = await OwnershipTable(EtcdStore(etcd3.etcd.endpoints)).read(CELL)
+    assert owner_record is not None and owner_record.region == "region-b" and epoch == taken["epoch"]
+
+
+async def test_leader_loss_during_renewals_does_not_cost_ownership(
+    etcd3: LocalControlPlane, holders: list[Holder]
+) -> None:
+    # A lease with room for an election: fence at last renewal + 4 s.
+    owner = Holder(etcd3, "region-a", lease=6, renew=1.0, margin=2.0)
+    holders.append(owner)
+    first = await owner.wait("acting")
+    leader = etcd3.etcd.leader()
+    assert leader is not None
+    etcd3.etcd.kill(leader)
+    renewals_before = len(owner.events("renewed"))
+    await until(lambda: len(owner.events("renewed")) >= renewals_before + 4, timeout=30,
+                what="renewals to go on after the leader was killed")
+    assert owner.events("stopped") == []
+    record, epoch = await OwnershipTable(EtcdStore(
+        [m.endpoint for m in etcd3.etcd.members if m.name != leader])).read(CELL)
+    assert record is not None and record.epoch == first["epoch"] == epoch
+
+
+async def test_owner_cut_off_from_etcd_self_fences_before_its_lease_ends(
+    etcd3: LocalControlPlane, holders: list[Holder]
+) -> None:
+    only = etcd3.etcd.member("region-a")
+    others = [m.endpoint for m in etcd3.etcd.members if m.name != "region-a"]
+    async with KeyWatch(others) as watch:
+        owner = Holder(etcd3, "region-a", endpoints=[only.endpoint])
+        holders.append(owner)
+        await owner.wait("acting")
+        await until(lambda: len(owner.events("renewed")) >= 2, timeout=20, what="renewals")
+        etcd3.etcd.pause("region-a")       # the owner's only member hangs: a partition
+        try:
+            stopped = await owner.wait("stopped", timeout=30)
+            await until(lambda: watch.deleted_at() is not None, timeout=30,
+                        what="etcd to expire the cut-off owner's key")
+        finally:
+            etcd3.etcd.resume("region-a")
+    last_renewal = owner.events("renewed")[-1]["monotonic"]
+    deleted_at = watch.deleted_at()
+    assert deleted_at is not None
+    assert "self-fenced" in stopped["reason"]
+    # It stopped by its own clock, margin before the lease could end, and
+    # well before etcd actually expired the key.
+    assert stopped["monotonic"] <= last_renewal + LEASE - MARGIN + 0.1
+    assert deleted_at - stopped["monotonic"] >= MARGIN - 0.1
+
+
+async def test_without_quorum_the_owner_self_fences_and_nobody_acquires(
+    etcd3: LocalControlPlane, holders: list[Holder]
+) -> None:
+    owner = Holder(etcd3, "region-a")
+    holders.append(owner)
+    await owner.wait("acting")
+    candidate = Holder(etcd3, "region-b")
+    holders.append(candidate)
+    await until(lambda: len(owner.events("renewed")) >= 2, timeout=20, what="renewals")
+    etcd3.etcd.kill("region-b")
+    etcd3.etcd.kill("region-c")
+    stopped = await owner.wait("stopped", timeout=30)
+    assert "self-fenced" in stopped["reason"]
+    # Long enough for a lease and a margin to pass twice: still nobody acts.
+    await asyncio.sleep(2 * (LEASE + MARGIN))
+    assert candidate.events("acting") == []
+    assert len(owner.events("acting")) == 1
