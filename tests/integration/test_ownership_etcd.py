@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
-from cellplane_operator.domain.ownership import OwnerRecord
+from cellfixtures import fetch
+from cellplane_cells.migrate import migrate
 from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.ownership.table import OwnershipTable
@@ -29,7 +31,8 @@ CELL = "cell-a"
 
 class Holder:
     def __init__(self, plane: LocalControlPlane, region: str, *, endpoints: list[str] | None = None,
-                 lease: int = LEASE, renew: float = RENEW, margin: float = MARGIN) -> None:
+                 lease: int = LEASE, renew: float = RENEW, margin: float = MARGIN,
+                 database: str | None = None) -> None:
         self.region = region
         self.log = plane.run_dir / "logs" / f"holder-{region}.log"
         self.process = ManagedProcess(
@@ -38,7 +41,8 @@ class Holder:
              "--region", region, "--site", f"{region}-1",
              "--etcd", ",".join(endpoints or plane.etcd.endpoints),
              "--lease-seconds", str(lease), "--renew-seconds", str(renew),
-             "--margin-seconds", str(margin), "--etcd-timeout-seconds", "0.5"],
+             "--margin-seconds", str(margin), "--etcd-timeout-seconds", "0.5",
+             *(["--database", database] if database else [])],
             log=self.log)
         self.process.start()
 
@@ -208,3 +212,39 @@ async def test_without_quorum_the_owner_self_fences_and_nobody_acquires(
     await asyncio.sleep(2 * (LEASE + MARGIN))
     assert candidate.events("acting") == []
     assert len(owner.events("acting")) == 1
+
+
+async def test_a_paused_owner_s_database_stops_by_itself_and_the_new_owner_keeps_it(
+    etcd3: LocalControlPlane, holders: list[Holder]
+) -> None:
+    """SIGSTOP the owner: nobody tells its database anything, yet it refuses writes
+    once the last granted duration has run out; the new owner's grant then wins,
+    and the old owner, resumed, cannot take the database back."""
+    pg = etcd3.add_postgres("cell")
+    conninfo = pg.dsn_for("postgres")
+    migrate(conninfo, cell=CELL)
+    owner = Holder(etcd3, "region-a", database=conninfo)
+    holders.append(owner)
+    acting = await owner.wait("acting")
+    await until(lambda: len(owner.events("renewed")) >= 2, timeout=20, what="renewals")
+    [(epoch, remaining)] = fetch(conninfo, "SELECT epoch, extract(epoch FROM lease_deadline - clock_timestamp())"
+                                           " FROM placement_group")
+    assert epoch == acting["epoch"] and 0 < float(remaining) <= LEASE - MARGIN
+
+    owner.process.pause()
+    await until(lambda: fetch(conninfo, "SELECT clock_timestamp() >= lease_deadline FROM placement_group")
+                == [(True,)], timeout=LEASE + 2, what="the paused owner's grant to run out")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT set_config('cellplane.epoch', %s, false)", (str(epoch),))
+        with pytest.raises(psycopg.errors.DatabaseError, match="lease expired"):
+            conn.execute("INSERT INTO tenants (tenant_id, plan, max_running, jobs_per_second, burst,"
+                         " signing_secret) VALUES ('late', 'pro', 1, 1, 1, 's')")
+
+    successor = Holder(etcd3, "region-b", database=conninfo)
+    holders.append(successor)
+    taken = await successor.wait("acting", timeout=30)
+    owner.process.resume()
+    await owner.wait("stopped", timeout=30)
+    await until(lambda: len(successor.events("renewed")) >= 2, timeout=20, what="successor renewals")
+    assert fetch(conninfo, "SELECT epoch, lease_deadline > clock_timestamp() FROM placement_group") == [
+        (taken["epoch"], True)]
