@@ -20,6 +20,7 @@ import pytest
 
 from cellfixtures import fetch
 from cellplane_cells.migrate import migrate
+from cellplane_operator.domain.ownership import OwnerRecord
 from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.ownership.table import OwnershipTable
@@ -248,3 +249,46 @@ async def test_a_paused_owner_s_database_stops_by_itself_and_the_new_owner_keeps
     await until(lambda: len(successor.events("renewed")) >= 2, timeout=20, what="successor renewals")
     assert fetch(conninfo, "SELECT epoch, lease_deadline > clock_timestamp() FROM placement_group") == [
         (taken["epoch"], True)]
+
+
+async def test_a_clean_shutdown_hands_over_without_waiting_for_the_lease(
+    etcd3: LocalControlPlane, holders: list[Holder]
+) -> None:
+    owner = Holder(etcd3, "region-a", lease=10, renew=1.0, margin=1.0)
+    holders.append(owner)
+    first = await owner.wait("acting")
+    successor = Holder(etcd3, "region-b", lease=10, renew=1.0, margin=1.0)
+    holders.append(successor)
+    await until(lambda: len(owner.events("renewed")) >= 2, timeout=20, what="renewals")
+    stopped_at = time.monotonic()
+    owner.process.stop()                         # SIGTERM: stop acting, then release
+    taken = await successor.wait("acting", timeout=30)
+    assert owner.events("stopped")[0]["monotonic"] <= taken["monotonic"]
+    # Margin after the release, far less than the 10 s lease it held.
+    assert MARGIN - 0.05 <= taken["monotonic"] - stopped_at < 10 - 1.0
+    assert taken["epoch"] == first["epoch"] + 1
+
+
+async def test_release_deletes_the_owner_key_only_for_its_holder(etcd3: LocalControlPlane) -> None:
+    store = EtcdStore(etcd3.etcd.endpoints, timeout=2)
+    table = OwnershipTable(store)
+    try:
+        lease_id, _ = await store.grant_lease(10)
+        mine = await table.try_acquire("handover", region="region-a", site="a1", expected_epoch=0,
+                                       lease_id=lease_id)
+        assert mine is not None and mine.epoch == 1
+        assert await table.try_acquire("handover", region="region-b", site="b1", expected_epoch=0,
+                                       lease_id=lease_id) is None
+        impostor = OwnerRecord("region-b", "b1", mine.epoch, lease_id)
+        assert not await table.release("handover", impostor)
+        assert await table.release("handover", mine)
+        assert await table.read("handover") == (None, 1)
+        # The epoch key stays: the next owner runs under epoch 2, never 1 again.
+        second = await table.try_acquire("handover", region="region-b", site="b1",
+                                         expected_epoch=0, lease_id=lease_id)
+        assert second is None
+        second = await table.try_acquire("handover", region="region-b", site="b1",
+                                         expected_epoch=1, lease_id=lease_id)
+        assert second is not None and second.epoch == 2
+    finally:
+        await store.close()
