@@ -52,7 +52,9 @@ class LeaseSettings:
     renewal attempts (8 s of lease minus margin, every 2 s) before it must stop,
     so one slow etcd election (about 1-2 s) or one lost renewal costs nothing,
     while a lost region is taken over about 12 s (lease + margin) after its last
-    renewal. The rule is Patroni's ``loop_wait + 2 * retry_timeout <= ttl`` in
+    renewal, plus etcd's expiry check (up to 0.5 s) and the new owner's grant
+    (about 0.1 s): 11.8 s measured against an 11.7 s floor
+    (benchmarks/ownership.py --defaults). The rule is Patroni's ``loop_wait + 2 * retry_timeout <= ttl`` in
     this shape: at least two renewal intervals must fit in ``duration - margin``.
     """
 

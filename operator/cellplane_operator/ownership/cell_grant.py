@@ -23,16 +23,28 @@ _GRANT = b"SELECT cellplane_grant(%s, make_interval(secs => %s))"
 class CellDatabaseGrant:
     """A ``GroupActor`` that only moves the database's grant (workers are started elsewhere)."""
 
-    def __init__(self, conninfo: str, *, connect_timeout: float = 2.0) -> None:
+    def __init__(self, conninfo: str, *, timeout_seconds: float = 1.0) -> None:
         self._conninfo = conninfo
-        self._connect_timeout = connect_timeout
-        self.grants: list[tuple[int, float]] = []
+        self._timeout = timeout_seconds
+        self._conn: psycopg.AsyncConnection | None = None
+        self.last_grant: tuple[int, float] | None = None
+        """(epoch, remaining seconds) of the last grant the database accepted."""
 
     async def _grant(self, epoch: int, remaining_seconds: float) -> None:
-        async with await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=int(max(self._connect_timeout, 1))) as conn:
-            await conn.execute(_GRANT, (epoch, remaining_seconds))
-        self.grants.append((epoch, remaining_seconds))
+        # One kept connection, with a statement timeout: a stalled database
+        # must not hold the lease loop past a renewal.
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, connect_timeout=max(int(self._timeout), 1),
+                    options=f"-c statement_timeout={int(self._timeout * 1000)}")
+            await self._conn.execute(_GRANT, (epoch, remaining_seconds))
+        except psycopg.Error:
+            if self._conn is not None:
+                await self._conn.close()
+            self._conn = None
+            raise
+        self.last_grant = (epoch, remaining_seconds)
 
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
         await self._grant(epoch, remaining_seconds)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,6 +82,10 @@ class LeaseHolder:
         self._changed = asyncio.Event()
         self._wake = asyncio.Event()
         self._acting_epoch: int | None = None
+        self._renewal_due: float | None = None
+        # Spreads the renewals of groups acquired together over the interval,
+        # so a process holding hundreds does not renew them all in one burst.
+        self._jitter = random.Random(f"{identity.cell}/{identity.region}/{identity.site}")
 
     @property
     def acting(self) -> bool:
@@ -153,6 +158,7 @@ class LeaseHolder:
             return
         self._set(acquired(self.state, epoch=record.epoch, lease_id=lease_id, sent_at=sent_at,
                            ttl=ttl))
+        self._renewal_due = sent_at + self._settings.renew_interval_seconds
         remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
         if remaining <= 0:
             return
@@ -163,8 +169,17 @@ class LeaseHolder:
 
     async def _renew(self) -> None:
         assert self.state.lease_id is not None and self.state.epoch is not None
-        sent_at = self._clock.monotonic()
+        now = self._clock.monotonic()
+        if self._renewal_due is not None and now < self._renewal_due:
+            return
+        interval = self._settings.renew_interval_seconds
+        # Renewals run at a fixed rate from their send times, with up to 10%
+        # jitter; a failed one is retried after a quarter interval, so a lost
+        # renewal costs a quarter of the interval, not a whole one.
+        self._renewal_due = now + interval / 4
+        sent_at = now
         ttl = await self._table.store.keep_alive(self.state.lease_id)
+        self._renewal_due = sent_at + interval * (1 - 0.1 * self._jitter.random())
         self._set(renewed(self.state, sent_at=sent_at, ttl=ttl))
         remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
         if remaining > 0 and self._acting_epoch == self.state.epoch:
@@ -196,7 +211,9 @@ class LeaseHolder:
 
     async def _sleep_until_next(self, stop: asyncio.Event) -> None:
         interval = self._settings.renew_interval_seconds
-        if self.state.role in (Role.WAITING, Role.FENCED) and self.state.gone_since is not None:
+        if self.state.role is Role.OWNER and self._renewal_due is not None:
+            interval = max(self._renewal_due - self._clock.monotonic(), 0.0)
+        elif self.state.role in (Role.WAITING, Role.FENCED) and self.state.gone_since is not None:
             # Wake exactly when the wait for a takeover is over.
             due = (self.state.gone_since + self._settings.margin_seconds + self._takeover_delay
                    - self._clock.monotonic())

@@ -19,6 +19,7 @@ failure for a write that won. Its caller hears "outcome unknown" instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -201,6 +202,7 @@ class EtcdStore:
         key = prefix.encode()
         while True:
             endpoint = self.current_endpoint
+            watch = None
             try:
                 watch = await self._client(endpoint).watch_prefix(key, start_revision=next_revision)
                 async for event in watch:
@@ -213,6 +215,12 @@ class EtcdStore:
                 log.info("watch of %s on %s ended (%s); moving on", prefix, endpoint, error)
                 self._next_member()
                 await asyncio.sleep(_ROUND_PAUSE_SECONDS)
+            finally:
+                # A consumer that stops listening must not leave aetcd's
+                # watcher filling a queue nobody reads.
+                if watch is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(watch.cancel())
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}
