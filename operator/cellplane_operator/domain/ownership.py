@@ -151,11 +151,16 @@ def observe(state: LeaseState, *, owner: OwnerRecord | None, epoch: int, now: fl
         if state.role is Role.FENCED:
             return replace(state, epoch_seen=seen, gone_since=None)
         return LeaseState(role=Role.OBSERVING, epoch_seen=seen)
-    # No owner key. The margin counts from the first time we saw it absent.
+    # No owner key. The margin counts from the first time we saw *this* key
+    # absent: if the epoch moved on since we started waiting, someone owned
+    # the group in between (unseen by us) and the wait starts again now.
+    # Keeping the old start would let a process that slept through a whole
+    # tenure acquire at once, without the margin (found by the simulation).
+    waiting_since = state.gone_since if epoch <= state.epoch_seen else None
     if state.role is Role.FENCED:
         return replace(state, epoch_seen=seen,
-                       gone_since=state.gone_since if state.gone_since is not None else now)
-    gone_since = state.gone_since if state.role is Role.WAITING and state.gone_since is not None else now
+                       gone_since=waiting_since if waiting_since is not None else now)
+    gone_since = waiting_since if state.role is Role.WAITING and waiting_since is not None else now
     return LeaseState(role=Role.WAITING, epoch_seen=seen, gone_since=gone_since)
 
 
