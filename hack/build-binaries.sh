@@ -3,6 +3,7 @@
 # pinned in hack/versions.env, into a cache outside the repository.
 # Idempotent: a binary already built for its pinned version is left alone.
 set -euo pipefail
+trap 'echo "build-binaries: failed at line $LINENO (exit $?)" >&2' ERR
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
@@ -86,8 +87,8 @@ main() {
 
     say "binaries ready in $bin:"
     "$bin/kube-apiserver" --version
-    "$bin/kubectl" version --client 2>/dev/null | head -1
-    "$bin/etcd" --version | head -1
+    "$bin/kubectl" version --client 2>/dev/null | sed -n 1p
+    "$bin/etcd" --version | sed -n 1p
 }
 
 # Sourcing the script (as its unit test does) defines the functions only.

@@ -5,6 +5,7 @@
 #   - a virtualenv in .venv with cellplane and its test tools (pip)
 #   - kube-apiserver, kubectl and etcd built from their Go modules (build-binaries.sh)
 set -euo pipefail
+trap 'echo "setup: failed at line $LINENO (exit $?)" >&2' ERR
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 source "$here/versions.env"
@@ -16,7 +17,8 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # --- Debian packages -------------------------------------------------------
 need_apt=()
-dpkg-query -W -f='${Status}' "postgresql-$POSTGRES_MAJOR" 2>/dev/null | grep -q "ok installed" \
+# No `| grep -q` under pipefail: grep leaving early can fail the pipeline.
+[[ "$(dpkg-query -W -f='${Status}' "postgresql-$POSTGRES_MAJOR" 2>/dev/null || true)" == *"ok installed"* ]] \
     || need_apt+=("postgresql-$POSTGRES_MAJOR")
 command -v ip >/dev/null || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -4,6 +4,7 @@
 # etcd, kube-apiserver and PostgreSQL processes on loopback ports).
 # Extra arguments go to pytest, e.g. `bash hack/test.sh -m "not integration"`.
 set -euo pipefail
+trap 'echo "test: failed at line $LINENO (exit $?)" >&2' ERR
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 bash "$here/setup.sh"
