@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -42,6 +41,7 @@ from cellplane_cells.migrate import migrate
 from cellplane_cells.tenants import TenantSpec, upsert_tenant
 from cellplane_operator.localplane import LocalControlPlane, PostgresInstance
 from cellplane_operator.localplane.controlplane import LocalPlaneConfig
+from procstat import machine_busy_seconds, self_cpu_seconds, tree_cpu_seconds
 
 CELL = "cell-bench"
 EPOCH = 1
@@ -299,46 +299,6 @@ def sampler(conninfo: str, *, interval: float, stop: threading.Event,
             samples.counter_overshoot = max(samples.counter_overshoot, row[3])
 
 
-# --- CPU accounting ----------------------------------------------------------------
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                found.append(int(child))
-                found.extend(_children(int(child)))
-    except FileNotFoundError:  # the process exited while we looked
-        pass
-    return found
-
-
-def postgres_cpu_seconds(postmaster: int) -> float:
-    """User + system CPU of the postmaster, its live children and its reaped ones."""
-    ticks = 0
-    for pid in [postmaster, *_children(postmaster)]:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        if pid == postmaster:
-            ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def client_cpu_seconds() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
-def machine_busy_seconds() -> float:
-    """CPU time all CPUs spent busy (not idle, not waiting on I/O), from /proc/stat."""
-    user, nice, system, _idle, _iowait, irq, softirq = (
-        int(v) for v in Path("/proc/stat").read_text().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
 # --- one variant -------------------------------------------------------------------
 
 def _percentile_ms(values: list[float], q: float) -> float:
@@ -372,7 +332,7 @@ def run_variant(pg: PostgresInstance, variant: Variant, config: BenchConfig,
             for thread in [*threads, watcher]:
                 thread.start()
             time.sleep(max(0.0, start_at - time.monotonic()))
-            pg_cpu, client_cpu = postgres_cpu_seconds(postmaster), client_cpu_seconds()
+            pg_cpu, client_cpu = tree_cpu_seconds(postmaster), self_cpu_seconds()
             busy = machine_busy_seconds()
             try:
                 for thread in threads:
@@ -383,8 +343,8 @@ def run_variant(pg: PostgresInstance, variant: Variant, config: BenchConfig,
             finally:
                 stop_sampling.set()
             elapsed = time.monotonic() - start_at
-            pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
-            client_cpu = client_cpu_seconds() - client_cpu
+            pg_cpu = tree_cpu_seconds(postmaster) - pg_cpu
+            client_cpu = self_cpu_seconds() - client_cpu
             busy = machine_busy_seconds() - busy
             watcher.join()
         finally:

@@ -17,21 +17,12 @@ from pathlib import Path
 
 from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.controlplane import LocalPlaneConfig
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children = (task / "children").read_text().split()
-        for child in children:
-            found.append(int(child))
-            found.extend(_children(int(child)))
-    return found
+from procstat import descendants
 
 
 def _memory_kib(pid: int) -> tuple[int, int, int]:
     """(processes, RSS KiB, PSS KiB) of a process and its descendants."""
-    pids = [pid, *_children(pid)]
+    pids = [pid, *descendants(pid)]
     rss = pss = 0
     for one in pids:
         for line in Path(f"/proc/{one}/smaps_rollup").read_text().splitlines():

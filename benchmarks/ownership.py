@@ -65,6 +65,7 @@ from cellplane_operator.ownership import LeaseHolder, OwnershipTable
 from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
 from cellplane_operator.ownership.holder import HolderIdentity
 from cellplane_operator.store import Compare, Delete, EtcdStore, Put, VersionedValue, WatchEvent
+from procstat import machine_busy_seconds, process_cpu_seconds, tree_cpu_seconds
 
 T = TypeVar("T")
 
@@ -209,51 +210,6 @@ class CountingStore(EtcdStore):
             yield event
 
 
-# --- CPU from /proc ------------------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                found.append(int(child))
-                found.extend(_children(int(child)))
-    except FileNotFoundError:
-        pass
-    return found
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU of one live process (all its threads)."""
-    fields = _stat(pid)
-    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process, its live descendants, and every child any of them reaped."""
-    ticks = 0
-    for one in [pid, *_children(pid)]:
-        fields = _stat(one)
-        if fields is not None:
-            ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return ticks / _TICK
-
-
-def machine_busy_seconds() -> float:
-    """CPU time all CPUs spent neither idle nor waiting on I/O, from /proc/stat."""
-    user, nice, system, _idle, _iowait, irq, softirq = (
-        int(v) for v in Path("/proc/stat").read_text().split()[1:8])
-    return (user + nice + system + irq + softirq) / _TICK
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.controlplane import LocalPlaneConfig
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
 from cellplane_operator.localplane.process import ManagedProcess, tail
+from procstat import machine_busy_seconds, tree_cpu_seconds
 
 CELL = "cell-bench"
 EPOCH = 1
@@ -84,7 +85,6 @@ SELECT CASE WHEN wait_event_type = 'Lock' THEN 'lock'
  GROUP BY 1
 """
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -124,51 +124,11 @@ class RunResult:
 # --- CPU accounting from /proc ----------------------------------------------------------
 
 
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except FileNotFoundError:
-        return found
-    for task in tasks:
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in children:
-            found.append(int(child))
-            found.extend(_descendants(int(child)))
-    return found
-
-
-def _cpu_seconds(pid: int) -> float:
-    """user + system time of a process and of its children it has reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2:].split()
-    # fields[0] is the state (field 3 of proc(5)): utime, stime, cutime, cstime are 14..17.
-    return sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all CPUs have spent not idle since boot (first line of /proc/stat)."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle, iowait = ticks[3], ticks[4]
-    return (sum(ticks[:8]) - idle - iowait) / _CLOCK_TICKS
-
-
 def thread_count(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Threads:"):
             return int(line.split()[1])
     return 0
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process tree: exited backends are in the postmaster's cutime/cstime."""
-    return sum(_cpu_seconds(one) for one in [pid, *_descendants(pid)])
 
 
 class BackendSampler:
