@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cellplane_cells.errors import CellError, LeaseExpiredError, NotWritableError, StaleEpochError
+from cellplane_cells.errors import LeaseExpiredError, NotWritableError, StaleEpochError
 from cellplane_cells.metrics import WRITES_REJECTED
 
 __all__ = ["open_pool", "translate_errors", "ThreadedDatabase", "STALE_EPOCH", "LEASE_EXPIRED",
@@ -68,8 +68,6 @@ def translate_errors() -> Iterator[None]:
         if state == NO_EPOCH:
             WRITES_REJECTED.labels("no_epoch").inc()
             raise NotWritableError(str(error.diag.message_primary)) from error
-        raise
-    except CellError:
         raise
 
 

@@ -8,7 +8,8 @@
 -- renewing, is refused by the database itself, whatever the code path and
 -- whatever the writer's clock says.
 
-CREATE FUNCTION cellplane_guard_write() RETURNS trigger
+-- The check itself; 0004 calls it again at commit.
+CREATE FUNCTION cellplane_assert_writable(moment text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     declared text := current_setting('cellplane.epoch', true);
@@ -17,19 +18,26 @@ DECLARE
 BEGIN
     SELECT epoch, lease_deadline INTO group_epoch, deadline FROM placement_group;
     IF declared IS NULL OR declared = '' THEN
-        RAISE EXCEPTION 'write to % without a placement-group epoch', TG_TABLE_NAME
+        RAISE EXCEPTION 'write % without a placement-group epoch', moment
             USING ERRCODE = 'CPE01';
     END IF;
     IF group_epoch IS NULL OR declared::bigint <> group_epoch THEN
-        RAISE EXCEPTION 'stale epoch: the writer acts under epoch %, the placement group is at %',
-            declared, coalesce(group_epoch::text, 'none')
+        RAISE EXCEPTION 'stale epoch %: the writer acts under epoch %, the placement group is at %',
+            moment, declared, coalesce(group_epoch::text, 'none')
             USING ERRCODE = 'CPS01';
     END IF;
     IF deadline IS NULL OR clock_timestamp() >= deadline THEN
-        RAISE EXCEPTION 'lease expired: epoch % may act until %, it is now %',
-            group_epoch, coalesce(deadline::text, 'never'), clock_timestamp()
+        RAISE EXCEPTION 'lease expired %: epoch % may act until %, it is now %',
+            moment, group_epoch, coalesce(deadline::text, 'never'), clock_timestamp()
             USING ERRCODE = 'CPL01';
     END IF;
+END
+$$;
+
+CREATE FUNCTION cellplane_guard_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cellplane_assert_writable(format('on %s', TG_TABLE_NAME));
     RETURN NULL;
 END
 $$;

@@ -7,41 +7,6 @@
 -- transaction commits, once per transaction (a transaction-local flag skips
 -- the rows after the first), so no write of a stale owner becomes durable.
 
--- One check for both triggers: the statement trigger of 0002 is redefined
--- to call it too, so the two can never disagree.
-CREATE FUNCTION cellplane_assert_writable(moment text) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    declared text := current_setting('cellplane.epoch', true);
-    group_epoch bigint;
-    deadline timestamptz;
-BEGIN
-    SELECT epoch, lease_deadline INTO group_epoch, deadline FROM placement_group;
-    IF declared IS NULL OR declared = '' THEN
-        RAISE EXCEPTION 'write % without a placement-group epoch', moment
-            USING ERRCODE = 'CPE01';
-    END IF;
-    IF group_epoch IS NULL OR declared::bigint <> group_epoch THEN
-        RAISE EXCEPTION 'stale epoch %: the writer acts under epoch %, the placement group is at %',
-            moment, declared, coalesce(group_epoch::text, 'none')
-            USING ERRCODE = 'CPS01';
-    END IF;
-    IF deadline IS NULL OR clock_timestamp() >= deadline THEN
-        RAISE EXCEPTION 'lease expired %: epoch % may act until %, it is now %',
-            moment, group_epoch, coalesce(deadline::text, 'never'), clock_timestamp()
-            USING ERRCODE = 'CPL01';
-    END IF;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION cellplane_guard_write() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM cellplane_assert_writable(format('on %s', TG_TABLE_NAME));
-    RETURN NULL;
-END
-$$;
-
 CREATE FUNCTION cellplane_guard_commit() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
