@@ -24,16 +24,27 @@ from cellplane_operator.localplane.etcd import EtcdCluster
 from cellplane_operator.localplane.postgres import PostgresInstance
 from cellplane_operator.localplane.process import tail
 
-__all__ = ["LocalControlPlane", "LocalPlaneConfig", "crd_dir"]
+__all__ = ["LocalControlPlane", "LocalPlaneConfig", "crd_dir", "admission_dir"]
+
+
+def _manifest_dir(relative: str) -> Path:
+    """A manifest folder: packaged with the wheel (pyproject's force-include puts it
+    at the same path inside the package), or that folder of a checkout."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / relative, package.parents[1] / relative):
+        if candidate.is_dir():
+            return candidate
+    raise LocalPlaneError(f"no {relative}/ manifests found next to {package}")
 
 
 def crd_dir() -> Path:
     """The CRD manifests: packaged with the wheel, or ``crds/`` of a checkout."""
-    package = Path(__file__).resolve().parents[1]
-    for candidate in (package / "crds", package.parents[1] / "crds"):
-        if candidate.is_dir():
-            return candidate
-    raise LocalPlaneError(f"no CRD manifests found next to {package}")
+    return _manifest_dir("crds")
+
+
+def admission_dir() -> Path:
+    """The admission policies (ValidatingAdmissionPolicy and binding) for the CRDs."""
+    return _manifest_dir("deploy/admission")
 
 
 @dataclass(frozen=True)
@@ -100,12 +111,21 @@ class LocalControlPlane:
         return result
 
     def apply_crds(self) -> None:
-        """Server-side apply of every CRD, then wait until each is Established."""
+        """Server-side apply of every CRD, wait until each is Established, then apply
+        the admission policies that refer to them.
+
+        The policies come second: they match the CRDs' resources and read fields
+        of their schemas. A new policy takes effect a moment after it is stored (the
+        admission plugin learns of it through an informer) and the API offers no
+        signal for that moment: whoever depends on it retries until it holds.
+        """
         directory = crd_dir()
         self.kubectl("apply", "--server-side", "--field-manager=cellplane-localplane",
                      "-f", str(directory))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                      "-f", str(directory))
+        self.kubectl("apply", "--server-side", "--field-manager=cellplane-localplane",
+                     "-f", str(admission_dir()))
 
     def add_postgres(self, name: str) -> PostgresInstance:
         """A new primary cluster, started."""

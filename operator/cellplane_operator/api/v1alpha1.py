@@ -1,0 +1,421 @@
+"""cellplane.io/v1alpha1: Cell, Tenant and TenantMove, spec and status.
+
+These models are both what the operator parses (``TenantSpec.model_validate(
+body["spec"])``) and what the CRDs are generated from (``crdgen``), so a default
+or a bound written here is the one the apiserver applies: the two cannot drift.
+Rules the schema alone cannot state are CEL, next to the field they guard.
+Field docstrings are the CRD descriptions that ``kubectl explain`` shows.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from cellplane_cells.domain.plans import PLAN_CEILINGS, Plan
+from cellplane_operator.api.base import (
+    ApiModel,
+    DnsLabel,
+    HttpUrl,
+    Int64,
+    Rule,
+    cel,
+    empty_object_default,
+    list_map,
+    list_set,
+)
+from cellplane_operator.api.quota_rules import quota_ceiling_rules
+
+__all__ = [
+    "GROUP",
+    "VERSION",
+    "API_VERSION",
+    "Condition",
+    "CellPhase",
+    "TenantPhase",
+    "MovePhase",
+    "CellCapacity",
+    "CellFailover",
+    "CellLease",
+    "CellDriver",
+    "CellSpec",
+    "CellStandby",
+    "CellEndpoints",
+    "CellStatus",
+    "Plan",
+    "TenantQuotas",
+    "TenantTarget",
+    "TenantWebhook",
+    "TenantSpec",
+    "TenantStatus",
+    "TenantMoveSpec",
+    "TableProgress",
+    "MoveProgress",
+    "TenantMoveStatus",
+]
+
+GROUP = "cellplane.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+def _immutable(message: str) -> Rule:
+    """A transition rule: the apiserver compares the field with its stored value."""
+    return Rule("self == oldSelf", message)
+
+
+def _pin_unchanged(field: str, message: str) -> Rule:
+    """Immutability of an optional field, checked one level up: a field-level
+    ``self == oldSelf`` runs only when both versions have the field, so setting
+    or clearing it would slip through."""
+    return Rule(
+        f"has(self.{field}) == has(oldSelf.{field})"
+        f" && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+        message, field_path=f".{field}",
+    )
+
+
+class Condition(ApiModel):
+    """One aspect of an object's state, as metav1.Condition (what `kubectl wait
+    --for=condition=` reads)."""
+
+    type: str = Field(max_length=316)
+    """CamelCase name of the aspect, e.g. Ready or Accepted."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the aspect holds."""
+    observed_generation: Annotated[Int64, Field(ge=0)] | None = None
+    """metadata.generation of the spec this condition was computed from."""
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+    """When status last changed (a new reason or message alone keeps it)."""
+    reason: str = Field(min_length=1, max_length=1024,
+                        pattern="^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    """Machine-readable CamelCase cause of the current status."""
+    message: str = Field(max_length=32768)
+    """Human-readable details."""
+
+
+ConditionList = Annotated[tuple[Condition, ...], Field(json_schema_extra=list_map("type"))]
+
+# ----------------------------------------------------------------------- Cell
+
+CellPhase = Literal["Pending", "Provisioning", "Ready", "Draining", "FailingOver", "Degraded",
+                    "Fenced"]
+
+
+class CellCapacity(ApiModel):
+    """How much placement may put into the cell."""
+
+    model_config = ConfigDict(json_schema_extra=cel(Rule(
+        "self.tenants <= self.workerSlots",
+        "capacity.tenants must not exceed capacity.workerSlots (each tenant needs a slot)")))
+
+    tenants: int = Field(ge=1, le=10000)
+    """Most tenants placement may put in this cell."""
+    worker_slots: int = Field(ge=1, le=100000)
+    """Jobs the cell's workers may run at once, over all tenants."""
+
+
+class CellFailover(ApiModel):
+    """When a standby region takes over after the active region is lost."""
+
+    automatic: bool = True
+    """Promote a standby on its own when the active region's lease ends; false waits
+    for a person."""
+    failover_delay_seconds: int = Field(default=0, ge=0, le=3600)
+    """Extra wait after the lease ended before promoting, to ride out short outages."""
+    max_standby_lag_seconds: float = Field(default=30, ge=0, le=86400)
+    """A standby further behind than this is not promoted automatically (it would lose more)."""
+
+
+class CellLease(ApiModel):
+    """Timing of the cell's placement-group lease; the rules keep one lost renewal
+    and the clock margin inside the lease (``domain/ownership.py`` explains why)."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        Rule("self.marginSeconds < double(self.durationSeconds)",
+             "lease.marginSeconds must be below lease.durationSeconds"),
+        Rule("2.0 * self.renewIntervalSeconds <= double(self.durationSeconds) - self.marginSeconds",
+             "two lease.renewIntervalSeconds must fit in durationSeconds - marginSeconds, "
+             "so one lost renewal does not end ownership"),
+    ))
+
+    duration_seconds: int = Field(default=10, ge=2, le=300)
+    """etcd lease TTL of the owner key."""
+    renew_interval_seconds: float = Field(default=2, ge=0.1, le=60)
+    """How often the owner renews."""
+    margin_seconds: float = Field(default=2, ge=0.1, le=120)
+    """Clock margin that tolerates skew and pauses."""
+
+
+class CellDriver(ApiModel):
+    """How the cell's sites are run."""
+
+    name: Literal["local"] = "local"
+    """Site driver: local runs each site as processes on the operator's machine
+    (the Kubernetes driver comes later)."""
+    worker_processes: int = Field(default=1, ge=1, le=16)
+    """Worker processes of the primary site; the worker slots are spread over them."""
+    allow_private_targets: bool = False
+    """Development only: tenants may register loopback and private targets and webhooks."""
+
+
+class CellSpec(ApiModel):
+    """The desired cell: one independent stack of the job platform (API, workers,
+    Postgres) with its primary site in its home region and standbys elsewhere."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        Rule("self.tier != 'dedicated' || self.capacity.tenants == 1",
+             "a dedicated cell hosts exactly one tenant (capacity.tenants must be 1)"),
+        Rule("!has(self.standbyRegions) || !(self.region in self.standbyRegions)",
+             "standbyRegions must not include the cell's own region",
+             field_path=".standbyRegions"),
+    ))
+
+    region: DnsLabel = Field(json_schema_extra=cel(_immutable(
+        "region is immutable; create a new cell and move tenants to it")))
+    """Home region of the cell's primary site. Never changes."""
+    tier: Literal["shared", "dedicated"]
+    """shared cells host many tenants; dedicated cells host one."""
+    capacity: CellCapacity
+    """How much placement may put into the cell."""
+    standby_regions: tuple[DnsLabel, ...] = Field(default=(), max_length=4,
+                                                  json_schema_extra=list_set())
+    """Regions that keep a streaming standby of the cell's database, ready to take over."""
+    failover: CellFailover = Field(default_factory=CellFailover,
+                                   json_schema_extra=empty_object_default())
+    """When a standby region takes over after the active region is lost."""
+    lease: CellLease = CellLease()
+    """Ownership lease of the cell's placement group in etcd. The owner stops acting
+    marginSeconds before its lease ends by its own clock; a candidate acts only
+    marginSeconds after it saw the lease end."""
+    driver: CellDriver = Field(default_factory=CellDriver, json_schema_extra=empty_object_default())
+    """How the cell's sites are run."""
+    draining: bool = False
+    """No new tenants are placed here; the ones inside stay until moved."""
+
+
+class CellStandby(ApiModel):
+    """A standby site as its region's operator reports it."""
+
+    region: DnsLabel
+    """Region of the standby site."""
+    streaming: bool | None = None
+    """Whether the standby is connected to the primary and receiving its WAL."""
+    lag_seconds: float | None = None
+    """How far the standby's replay is behind the primary."""
+    message: str | None = None
+    """What is wrong, when something is."""
+
+
+class CellEndpoints(ApiModel):
+    """Where the cell's active site answers."""
+
+    api: str | None = None
+    """URL of the tenant job API."""
+    admin: str | None = None
+    """URL of the admin API (its token is in the cell's Secret)."""
+
+
+class CellStatus(ApiModel):
+    """The observed cell, written by the holder of its placement-group lease
+    (tenants and slotsInUse by the placement leader)."""
+
+    phase: CellPhase | None = None
+    """Summary of the cell's state."""
+    observed_generation: Int64 | None = None
+    """metadata.generation of the spec the status describes."""
+    active_region: str | None = None
+    """Region whose site acts for the cell now."""
+    active_site: str | None = None
+    """Site that acts for the cell now."""
+    epoch: Int64 | None = None
+    """Epoch of the placement-group lease the active site holds; grows on every takeover."""
+    tenants: int | None = None
+    """Tenants placed in the cell."""
+    slots_in_use: int | None = None
+    """Worker slots promised to the placed tenants (their running-job caps)."""
+    standby_lag_seconds: float | None = None
+    """Replay lag of the furthest-behind standby."""
+    standbys: tuple[CellStandby, ...] | None = Field(default=None,
+                                                     json_schema_extra=list_map("region"))
+    """One entry per standby region."""
+    endpoints: CellEndpoints | None = None
+    """Where the cell's active site answers."""
+    conditions: ConditionList | None = None
+    """Ready, Accepted and the other aspects of the cell's state."""
+
+
+# --------------------------------------------------------------------- Tenant
+
+TenantPhase = Literal["Pending", "Placing", "Provisioning", "Ready", "Unplaceable", "Moving",
+                      "Deleting", "Degraded"]
+
+
+class TenantQuotas(ApiModel):
+    """Limits of one tenant, enforced by its cell."""
+
+    max_running_jobs: int | None = Field(default=None, ge=0)
+    """Jobs of the tenant that may run at once."""
+    jobs_per_second: float | None = Field(default=None, gt=0)
+    """Sustained submission rate of the tenant API's token bucket."""
+    burst: int | None = Field(default=None, ge=1)
+    """Submissions allowed at once after a quiet spell (the bucket's size)."""
+    daily_spend_limit: int | None = Field(default=None, ge=0)
+    """Micro-credits an enterprise tenant may reserve per day."""
+
+
+class TenantTarget(ApiModel):
+    """An HTTP service the tenant's job steps may call."""
+
+    name: DnsLabel
+    """Name the jobs refer to the target by."""
+    url: HttpUrl
+    """Base URL of the target."""
+
+
+class TenantWebhook(ApiModel):
+    """Where the cell reports the tenant's job events."""
+
+    url: HttpUrl
+    """URL the cell POSTs signed events to."""
+    max_concurrency: int = Field(default=4, ge=1, le=100)
+    """Deliveries in flight at once to this URL."""
+
+
+class TenantSpec(ApiModel):
+    """The desired tenant: its plan, where it lives, and what its jobs may call."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        *quota_ceiling_rules(PLAN_CEILINGS),
+        Rule("self.isolation != 'dedicated' || !has(self.cell)",
+             "a dedicated tenant gets a cell made for it; spec.cell pins shared tenants only",
+             field_path=".cell"),
+        _pin_unchanged("cell",
+                       "spec.cell is immutable; use a TenantMove to change a tenant's cell"),
+    ))
+
+    plan: Plan
+    """free, pro or enterprise: the quota defaults and ceilings."""
+    isolation: Literal["shared", "dedicated"] = Field(default="shared", json_schema_extra=cel(
+        _immutable("isolation is immutable; move the tenant to a new cell instead")))
+    """shared places the tenant in a shared cell; dedicated creates a cell for it alone."""
+    home_region: DnsLabel = Field(json_schema_extra=cel(_immutable(
+        "homeRegion is immutable; use a TenantMove")))
+    """Region whose cells hold the tenant."""
+    region_policy: Literal["SINGLE_REGION", "HOME_ASYNC"] = "SINGLE_REGION"
+    """SINGLE_REGION keeps the data in the home region only; HOME_ASYNC also streams
+    it to the cell's standby regions."""
+    quotas: TenantQuotas | None = None
+    """Overrides of the plan's default quotas, each within the plan's ceiling."""
+    cell: DnsLabel | None = None
+    """Pins a shared tenant to this cell instead of letting placement choose."""
+    targets: tuple[TenantTarget, ...] = Field(default=(), max_length=32,
+                                              json_schema_extra=list_map("name"))
+    """HTTP services the tenant's job steps may call."""
+    webhooks: tuple[TenantWebhook, ...] = Field(default=(), max_length=8,
+                                                json_schema_extra=list_map("url"))
+    """Where the cell reports the tenant's job events."""
+    deletion_policy: Literal["Retain", "Delete"] = "Retain"
+    """On deletion, Retain keeps the tenant's data in its cell, disabled; Delete removes
+    it, and a dedicated tenant's cell with it."""
+
+
+class TenantStatus(ApiModel):
+    """The observed tenant, written by the placement leader."""
+
+    phase: TenantPhase | None = None
+    """Summary of the tenant's state."""
+    observed_generation: Int64 | None = None
+    """metadata.generation of the spec the status describes."""
+    cell: str | None = None
+    """Cell the tenant is placed in."""
+    epoch: Int64 | None = None
+    """Epoch of the placement record; grows with every placement and move."""
+    tenant_id: str | None = None
+    """The tenant's id inside its cell."""
+    api_endpoint: str | None = None
+    """URL of the job API the tenant's clients call."""
+    api_key_secret: str | None = None
+    """Secret in the tenant's namespace holding its API key."""
+    quotas: TenantQuotas | None = None
+    """The quotas in force: the plan's defaults with spec.quotas applied."""
+    conditions: ConditionList | None = None
+    """Ready, Placed and the other aspects of the tenant's state."""
+
+
+# ----------------------------------------------------------------- TenantMove
+
+MovePhase = Literal["Pending", "Copying", "CatchingUp", "CuttingOver", "Verifying", "Completed",
+                    "Aborted", "Failed"]
+
+
+class TenantMoveSpec(ApiModel):
+    """Moves a tenant to another cell with a bounded write pause, losing and doubling nothing."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        Rule("has(self.targetCell) != has(self.targetRegion)",
+             "set exactly one of targetCell and targetRegion (any shared cell in that region)"),
+        _pin_unchanged("targetCell", "targetCell is immutable; create a new TenantMove"),
+        _pin_unchanged("targetRegion", "targetRegion is immutable; create a new TenantMove"),
+    ))
+
+    tenant: DnsLabel = Field(json_schema_extra=cel(_immutable(
+        "tenant is immutable; create a new TenantMove")))
+    """Name of the Tenant to move, in this TenantMove's namespace."""
+    target_cell: DnsLabel | None = None
+    """Cell to move the tenant to."""
+    target_region: DnsLabel | None = None
+    """Region to move the tenant to: placement picks a shared cell there."""
+    max_write_pause_seconds: float = Field(default=2, ge=0.1, le=60)
+    """Longest the tenant's writes may be paused at cutover; the move waits for a
+    delta small enough to copy within it."""
+    abort: bool = Field(default=False, json_schema_extra=cel(Rule("!oldSelf || self",
+                                                          "abort cannot be undone")))
+    """Stop the move and leave the tenant in its source cell (only before cutover)."""
+    retain_source_for_seconds: int = Field(default=86400, ge=0, le=2592000)
+    """How long the source cell keeps the tenant's data, disabled, after a completed move."""
+
+
+class TableProgress(ApiModel):
+    """Copy progress of one table."""
+
+    table: str
+    """Table name."""
+    copied: int | None = None
+    """Rows copied so far."""
+    total: int | None = None
+    """Rows to copy (at the snapshot)."""
+
+
+class MoveProgress(ApiModel):
+    """How far the move has come."""
+
+    rows_copied: int | None = None
+    """Rows copied so far, over all tables."""
+    rows_total: int | None = None
+    """Rows to copy (at the snapshot), over all tables."""
+    current_delta: int | None = None
+    """Changes made in the source since the last catch-up round."""
+    pause_seconds: float | None = None
+    """Length of the write pause at cutover, once it happened."""
+    tables: tuple[TableProgress, ...] | None = Field(default=None,
+                                                     json_schema_extra=list_map("table"))
+    """Per-table progress."""
+
+
+class TenantMoveStatus(ApiModel):
+    """The observed move, written by the placement leader."""
+
+    phase: MovePhase | None = None
+    """Step the move is in."""
+    observed_generation: Int64 | None = None
+    """metadata.generation of the spec the status describes."""
+    source_cell: str | None = None
+    """Cell the tenant is moved out of."""
+    target_cell: str | None = None
+    """Cell the tenant is moved into (chosen by placement when spec.targetRegion is set)."""
+    progress: MoveProgress | None = None
+    """How far the move has come."""
+    conditions: ConditionList | None = None
+    """Ready, Completed and the other aspects of the move's state."""
