@@ -14,6 +14,12 @@ __all__ = [
     "LocalPlaneError",
     "ProcessStartError",
     "BinaryNotFoundError",
+    "SiteError",
+    "KubeConfigError",
+    "KubeApiError",
+    "KubeNotFoundError",
+    "KubeConflictError",
+    "CellApiError",
 ]
 
 
@@ -43,3 +49,39 @@ class ProcessStartError(LocalPlaneError):
 
 class BinaryNotFoundError(LocalPlaneError):
     """A program the local control plane needs is not installed or not built yet."""
+
+
+class SiteError(CellplaneError):
+    """A site driver could not make a cell's site (database, API, workers) run as asked.
+
+    The message names the process and carries the tail of its log.
+    """
+
+
+class KubeConfigError(CellplaneError):
+    """No usable kubeconfig or in-cluster credentials."""
+
+
+class KubeApiError(CellplaneError):
+    """The Kubernetes API refused a request, or could not be reached (``status`` 0)."""
+
+    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class KubeNotFoundError(KubeApiError):
+    """404: the object does not exist."""
+
+
+class KubeConflictError(KubeApiError):
+    """409: the object exists already, or changed since it was read."""
+
+
+class CellApiError(CellplaneError):
+    """A cell's admin API refused a request or could not be reached (``status`` 0)."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status

@@ -20,7 +20,8 @@ from cellplane_operator.localplane.binaries import Binaries
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
 from cellplane_operator.localplane.process import ManagedProcess, run_checked
 
-__all__ = ["PostgresInstance", "postgres_os_user"]
+__all__ = ["PostgresInstance", "postgres_os_user", "init_primary_cluster", "base_backup",
+           "postgres_argv"]
 
 SUPERUSER = "postgres"
 
@@ -83,29 +84,16 @@ class PostgresInstance:
 
     def init_primary(self) -> None:
         """A new cluster with data checksums, configured for streaming replication."""
-        self._prepare_dir()
-        run_checked(
-            [self._binaries.pg("initdb"), "-D", str(self.data_dir), "--data-checksums",
-             "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C"],
-            log=self.log, user=self._os_user,
-        )
-        (self.data_dir / "pg_hba.conf").write_text(_HBA)
-        with (self.data_dir / "postgresql.conf").open("a") as conf:
-            conf.write(_CONF.format(fsync="on" if self._durable else "off"))
+        init_primary_cluster(self._binaries, self.data_dir, log=self.log, os_user=self._os_user,
+                             durable=self._durable)
 
     def init_standby_of(self, primary: PostgresInstance) -> None:
         """A base backup of ``primary`` that streams from it (``pg_basebackup -R``)."""
-        self._prepare_dir()
-        run_checked(
-            [self._binaries.pg("pg_basebackup"), "-h", LOOPBACK, "-p", str(primary.port),
-             "-U", SUPERUSER, "-D", str(self.data_dir), "-R", "-X", "stream",
-             "--checkpoint=fast", f"--label=cellplane-{self.name}"],
-            log=self.log, user=self._os_user,
-        )
+        base_backup(self._binaries, self.data_dir, log=self.log, os_user=self._os_user,
+                    host=LOOPBACK, port=primary.port, label=f"cellplane-{self.name}")
 
     def start(self, *, timeout: float = 60) -> None:
-        argv = [self._binaries.pg("postgres"), "-D", str(self.data_dir),
-                "-c", f"port={self.port}"]
+        argv = postgres_argv(self._binaries, self.data_dir, self.port)
         self.process = ManagedProcess(f"postgres-{self.name}", argv, log=self.log,
                                       user=self._os_user)
         self.process.start()
@@ -146,11 +134,48 @@ class PostgresInstance:
     def remove(self) -> None:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def _prepare_dir(self) -> None:
-        if self.data_dir.exists():
-            shutil.rmtree(self.data_dir)
-        self.data_dir.mkdir(parents=True, mode=0o700)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        if self._os_user is not None:
-            entry = pwd.getpwnam(self._os_user)
-            os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+
+# The steps below are functions, not only methods, because the local site
+# driver (sites/) keeps its own long-lived Postgres per site with the same
+# configuration but its own start/adopt/stop path.
+
+def init_primary_cluster(binaries: Binaries, data_dir: Path, *, log: Path, os_user: str | None,
+                         durable: bool = False) -> None:
+    """``initdb --data-checksums`` into a fresh ``data_dir``: replication-ready, trusts loopback."""
+    _prepare_dir(data_dir, log, os_user)
+    run_checked(
+        [binaries.pg("initdb"), "-D", str(data_dir), "--data-checksums",
+         "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C"],
+        log=log, user=os_user,
+    )
+    (data_dir / "pg_hba.conf").write_text(_HBA)
+    with (data_dir / "postgresql.conf").open("a") as conf:
+        conf.write(_CONF.format(fsync="on" if durable else "off"))
+
+
+def base_backup(binaries: Binaries, data_dir: Path, *, log: Path, os_user: str | None,
+                host: str, port: int, label: str) -> None:
+    """``pg_basebackup -R`` of the primary at ``host:port`` into a fresh ``data_dir``."""
+    _prepare_dir(data_dir, log, os_user)
+    run_checked(
+        [binaries.pg("pg_basebackup"), "-h", host, "-p", str(port),
+         "-U", SUPERUSER, "-D", str(data_dir), "-R", "-X", "stream",
+         "--checkpoint=fast", f"--label={label}"],
+        log=log, user=os_user,
+    )
+
+
+def postgres_argv(binaries: Binaries, data_dir: Path, port: int) -> list[str]:
+    """The server's command line. The port is an argument, so a base backup can keep the
+    primary's postgresql.conf as it is."""
+    return [binaries.pg("postgres"), "-D", str(data_dir), "-c", f"port={port}"]
+
+
+def _prepare_dir(data_dir: Path, log: Path, os_user: str | None) -> None:
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True, mode=0o700)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if os_user is not None:
+        entry = pwd.getpwnam(os_user)
+        os.chown(data_dir, entry.pw_uid, entry.pw_gid)

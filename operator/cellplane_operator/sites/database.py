@@ -1,0 +1,244 @@
+"""A site's own Postgres: created once, started detached, adopted by the next operator.
+
+The cluster is configured exactly as the local control plane's (initdb with
+data checksums, replication-ready, trust on loopback: ``localplane.postgres``),
+but its life is the site's, not a Python object's: the postmaster runs in its
+own session and is found again through ``postmaster.pid`` in the data
+directory, which Postgres itself keeps.
+
+Every method blocks; the driver calls them in threads.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from cellplane_operator.errors import CellplaneError, SiteError
+from cellplane_operator.localplane.binaries import Binaries
+from cellplane_operator.localplane.ports import LOOPBACK
+from cellplane_operator.localplane.postgres import (
+    SUPERUSER,
+    base_backup,
+    init_primary_cluster,
+    postgres_argv,
+)
+from cellplane_operator.localplane.process import tail, wait_for
+from cellplane_operator.sites.base import DatabaseEndpoint
+from cellplane_operator.sites.processes import ProcessRecord, spawn, start_time, stop_processes
+from cellplane_operator.sites.state import SiteLayout
+
+__all__ = ["SiteDatabase", "DatabaseHealth", "CELL_DBNAME", "running_postmaster", "stop_postgres"]
+
+CELL_DBNAME = "cellplane"
+"""The database that holds a cell's tables, on every site."""
+
+# One statement, so the three readings are of one moment. Lag is 0 when every
+# received byte is replayed (an idle primary writes nothing to replay, and
+# now() - last replay timestamp would grow forever); NULL on a primary.
+HEALTH_SQL = b"""
+SELECT pg_is_in_recovery(),
+       (SELECT status FROM pg_stat_wal_receiver LIMIT 1),
+       CASE WHEN NOT pg_is_in_recovery() THEN NULL
+            WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0
+            ELSE extract(epoch FROM now() - pg_last_xact_replay_timestamp())
+       END
+"""
+DATABASE_EXISTS_SQL = b"SELECT 1 FROM pg_database WHERE datname = %s"
+
+START_TIMEOUT = 60.0
+STOP_GRACE = 30.0
+# After a postmaster is killed, its backends notice within moments and exit;
+# until they have, the shared memory is "still in use" and a new postmaster
+# refuses to start. Such a refusal is retried for this long.
+SHARED_MEMORY_RETRY_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class DatabaseHealth:
+    in_recovery: bool
+    streaming: bool
+    replay_lag_seconds: float | None
+
+
+class SiteDatabase:
+    def __init__(self, binaries: Binaries, layout: SiteLayout, port: int, *,
+                 os_user: str | None) -> None:
+        self._binaries = binaries
+        self._layout = layout
+        self.port = port
+        self._os_user = os_user
+
+    @property
+    def data_dir(self) -> Path:
+        return self._layout.data_dir
+
+    @property
+    def log(self) -> Path:
+        return self._layout.log("postgres")
+
+    @property
+    def endpoint(self) -> DatabaseEndpoint:
+        return DatabaseEndpoint(host=LOOPBACK, port=self.port, dbname=CELL_DBNAME, user=SUPERUSER)
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname={dbname}"
+
+    @property
+    def initialized(self) -> bool:
+        return (self.data_dir / "PG_VERSION").exists()
+
+    def running_postmaster(self) -> ProcessRecord | None:
+        return running_postmaster(self._layout)
+
+    def accepts_connections(self) -> bool:
+        try:
+            with psycopg.connect(self.dsn(), connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    def init_primary(self) -> None:
+        self._check_reachable()
+        try:
+            init_primary_cluster(self._binaries, self.data_dir, log=self.log,
+                                 os_user=self._os_user)
+        except CellplaneError as error:
+            raise SiteError(f"initdb for {self._layout.root.name} failed: {error}") from error
+
+    def init_standby(self, primary: DatabaseEndpoint) -> None:
+        self._check_reachable()
+        try:
+            base_backup(self._binaries, self.data_dir, log=self.log, os_user=self._os_user,
+                        host=primary.host, port=primary.port,
+                        label=f"cellplane-{self._layout.root.name}")
+        except CellplaneError as error:
+            raise SiteError(f"pg_basebackup for {self._layout.root.name} from "
+                            f"{primary.host}:{primary.port} failed: {error}") from error
+
+    def start(self, on_spawn: Callable[[ProcessRecord], None]) -> ProcessRecord:
+        """Starts the postmaster detached and waits until it accepts connections.
+
+        ``on_spawn`` records the process before the wait, so a start that times
+        out still leaves a PID behind for the next stop.
+        """
+        self._drop_zombie_lock()
+        deadline = time.monotonic() + SHARED_MEMORY_RETRY_SECONDS
+        while True:
+            offset = self.log.stat().st_size if self.log.exists() else 0
+            pid, started = spawn(postgres_argv(self._binaries, self.data_dir, self.port),
+                                 log=self.log, user=self._os_user)
+            record = ProcessRecord("postgres", pid, started)
+            on_spawn(record)
+            try:
+                self.wait_ready(record)
+                return record
+            except SiteError:
+                said = self.log.read_bytes()[offset:]
+                if b"is still in use" not in said or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def wait_ready(self, record: ProcessRecord, timeout: float = START_TIMEOUT) -> None:
+        def alive() -> None:
+            if not record.running:
+                raise SiteError(f"postgres of {self._layout.root.name} exited; log {self.log}:\n"
+                                f"{tail(self.log)}")
+        try:
+            wait_for(self.accepts_connections, timeout=timeout, interval=0.1, alive=alive,
+                     what=f"postgres of {self._layout.root.name} on port {self.port}")
+        except CellplaneError as error:
+            if isinstance(error, SiteError):
+                raise
+            raise SiteError(f"{error}; log {self.log}:\n{tail(self.log)}") from error
+
+    def stop(self, record: ProcessRecord | None) -> list[int]:
+        return stop_postgres(self._layout, record)
+
+    def ensure_cell_database(self) -> None:
+        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as conn:
+            if conn.execute(DATABASE_EXISTS_SQL, (CELL_DBNAME,)).fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{CELL_DBNAME}"'.encode())
+
+    def health(self) -> DatabaseHealth | None:
+        try:
+            with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=2) as conn:
+                row = conn.execute(HEALTH_SQL).fetchone()
+        except psycopg.OperationalError:
+            return None
+        assert row is not None
+        return DatabaseHealth(in_recovery=bool(row[0]), streaming=row[1] == "streaming",
+                              replay_lag_seconds=None if row[2] is None else float(row[2]))
+
+    def _drop_zombie_lock(self) -> None:
+        """Removes ``postmaster.pid`` when it names a dead postmaster that is still a zombie.
+
+        Postgres removes a stale lock itself when its PID is gone, but it probes
+        with kill(pid, 0), which a zombie answers. A zombie that is not our child
+        (its parent is a PID 1 that never reaps) would block every restart.
+        Postgres's shared-memory check still refuses to start beside live
+        backends of the old postmaster, so removing the file risks nothing.
+        """
+        pid = _lock_pid(self._layout)
+        if pid is not None and start_time(pid) is None and Path(f"/proc/{pid}").exists():
+            (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
+
+    def _check_reachable(self) -> None:
+        """The Postgres OS user must be able to walk to the data directory; say so plainly."""
+        self._layout.root.mkdir(parents=True, exist_ok=True)
+        if self._os_user is None:
+            return
+        probe = subprocess.run(["test", "-x", str(self._layout.root)], user=self._os_user,
+                               check=False, stdin=subprocess.DEVNULL)
+        if probe.returncode != 0:
+            raise SiteError(
+                f"the {self._os_user} OS user (which runs Postgres) cannot enter "
+                f"{self._layout.root}: every parent directory needs o+x "
+                "(pytest's tmp_path, for one, is private to its user)")
+
+
+def running_postmaster(layout: SiteLayout) -> ProcessRecord | None:
+    """The postmaster that ``postmaster.pid`` names, if that process runs on this data dir.
+
+    The command line is checked as well as the PID: a stale lock file may name
+    a PID that now belongs to another program. (The postmaster keeps its own
+    command line; only its children retitle themselves.)
+    """
+    pid = _lock_pid(layout)
+    if pid is None:
+        return None
+    started = start_time(pid)
+    if started is None:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return None
+    if str(layout.data_dir).encode() not in argv:
+        return None
+    return ProcessRecord("postgres", pid, started)
+
+
+def stop_postgres(layout: SiteLayout, record: ProcessRecord | None) -> list[int]:
+    """Fast shutdown (SIGINT: clients are disconnected; SIGTERM would wait for them).
+
+    Stops the recorded postmaster and the one ``postmaster.pid`` names, if they differ.
+    """
+    found = {(r.pid, r.start_time) for r in (record, running_postmaster(layout)) if r is not None}
+    return stop_processes([(pid, started, signal.SIGINT) for pid, started in found],
+                          grace=STOP_GRACE)
+
+
+def _lock_pid(layout: SiteLayout) -> int | None:
+    try:
+        first = (layout.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+    except (FileNotFoundError, PermissionError, NotADirectoryError):
+        return None
+    return int(first) if first.strip().isdigit() else None

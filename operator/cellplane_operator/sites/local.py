@@ -1,0 +1,414 @@
+"""The local site driver: each site of a cell as loopback processes that outlive the operator.
+
+A site lives in ``<state dir>/<cell>@<region>/``: its ``site.json`` (ports,
+intent, and the PID and start time of every process), the Postgres data
+directory and ``logs/``. The operator decides; this driver makes processes
+match the decision, the way a Deployment controller would:
+
+- what runs with the wanted command line is adopted, never started twice, so an
+  operator restart changes nothing that runs;
+- what runs with another one (another epoch, above all) is stopped before its
+  replacement starts, so two epochs never serve at once;
+- what should run and died is started again by ``check``.
+
+Blocking work (initdb, base backups, waits) runs in threads, so the operator's
+event loop keeps renewing leases meanwhile. Calls for different sites may run
+concurrently; each site has its own lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from cellplane_cells.migrate import migrate
+from cellplane_operator.errors import CellplaneError, SiteError
+from cellplane_operator.localplane.binaries import Binaries
+from cellplane_operator.localplane.ports import LOOPBACK, free_port
+from cellplane_operator.localplane.postgres import postgres_os_user
+from cellplane_operator.localplane.process import tail, wait_for
+from cellplane_operator.sites.base import (
+    DatabaseEndpoint,
+    ServingSpec,
+    SiteEndpoints,
+    SiteHealth,
+    SiteKey,
+)
+from cellplane_operator.sites.database import SiteDatabase, stop_postgres
+from cellplane_operator.sites.processes import ProcessRecord, spawn, stop_processes, wait_gone
+from cellplane_operator.sites.state import DatabaseIntent, ServingIntent, SiteLayout, SiteState
+
+__all__ = ["LocalSiteDriver", "stop_all_sites"]
+
+log = logging.getLogger(__name__)
+
+POSTGRES = "postgres"
+API = "api"
+SERVE_TIMEOUT = 60.0
+"""How long a started API may take to answer its health check."""
+STOP_GRACE = 10.0
+"""SIGTERM to SIGKILL for the API and workers (they finish in-flight requests and steps)."""
+MIN_TOKEN_LENGTH = 16  # what ``cellplane cell serve`` demands
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """One process as the intent says it should run."""
+
+    role: str
+    argv: list[str]
+    env: dict[str, str]
+    epoch: int
+
+    @property
+    def fingerprint(self) -> str:
+        # Secrets stay out: a change of token is detected against the token file.
+        public = {k: v for k, v in self.env.items() if k != "CELLPLANE_CELL_ADMIN_TOKEN"}
+        text = json.dumps([self.argv, sorted(public.items())])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class LocalSiteDriver:
+    """``SiteDriver`` on this machine (see ``sites/base.py``)."""
+
+    def __init__(self, binaries: Binaries, state_dir: Path, *,
+                 python: str = sys.executable) -> None:
+        self._binaries = binaries
+        self._state_dir = state_dir
+        self._python = python
+        self._os_user = postgres_os_user()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def layout(self, site: SiteKey) -> SiteLayout:
+        return SiteLayout(self._state_dir / site.name)
+
+    # -- the protocol ------------------------------------------------------------------
+
+    async def ensure_primary_database(self, site: SiteKey) -> DatabaseEndpoint:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._ensure_primary, site)
+
+    async def ensure_standby_database(self, site: SiteKey,
+                                      primary: DatabaseEndpoint) -> DatabaseEndpoint:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._ensure_standby, site, primary)
+
+    async def start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._start_serving, site, spec)
+
+    async def stop_serving(self, site: SiteKey) -> None:
+        async with self._lock(site):
+            await asyncio.to_thread(self._stop_serving, site)
+
+    async def check(self, site: SiteKey) -> SiteHealth:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._check, site)
+
+    async def destroy(self, site: SiteKey) -> None:
+        async with self._lock(site):
+            await asyncio.to_thread(self._destroy, site)
+
+    # -- database ----------------------------------------------------------------------
+
+    def _ensure_primary(self, site: SiteKey) -> DatabaseEndpoint:
+        state, layout, db = self._open(site)
+        self._run_postgres(state, layout, db, create=db.init_primary)
+        health = db.health()
+        if health is not None and health.in_recovery:
+            raise SiteError(f"{site.name} holds a standby; promote it before using it as primary")
+        state.database = DatabaseIntent("primary")
+        state.save(layout)
+        try:
+            db.ensure_cell_database()
+            migrate(db.endpoint.conninfo, cell=site.cell)
+        except Exception as error:  # psycopg errors and a bad migration alike
+            raise SiteError(f"creating or migrating the cell database of {site.name} failed: "
+                            f"{error}; postgres log {db.log}:\n{tail(db.log)}") from error
+        return db.endpoint
+
+    def _ensure_standby(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
+        state, layout, db = self._open(site)
+        self._run_postgres(state, layout, db, create=lambda: db.init_standby(primary))
+        state.database = DatabaseIntent("standby", primary.host, primary.port)
+        state.save(layout)
+        return db.endpoint
+
+    def _run_postgres(self, state: SiteState, layout: SiteLayout, db: SiteDatabase, *,
+                      create: Callable[[], None]) -> bool:
+        """Adopts the site's postmaster, or starts it (creating the cluster first if need be).
+
+        Returns True when it had to start one.
+        """
+        running = db.running_postmaster()
+        if running is not None:
+            state.processes[POSTGRES] = running
+            state.save(layout)
+            db.wait_ready(running)
+            return False
+        if not db.initialized:
+            create()
+
+        def record(spawned: ProcessRecord) -> None:
+            state.processes[POSTGRES] = spawned
+            state.save(layout)
+
+        db.start(on_spawn=record)
+        log.info("started postgres of %s on port %d", layout.root.name, db.port)
+        return True
+
+    # -- serving -----------------------------------------------------------------------
+
+    def _start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
+        if len(spec.admin_token) < MIN_TOKEN_LENGTH:
+            raise SiteError(f"the admin token of {site.name} needs {MIN_TOKEN_LENGTH}+ characters")
+        state, layout, db = self._open(site)
+        if state.database is None or state.database.role != "primary":
+            raise SiteError(f"{site.name} has no primary database: ensure_primary_database first")
+        # The API cannot start without its database: bring a stopped one back first.
+        self._run_postgres(state, layout, db, create=_never)
+        token_changed = layout.read_token() not in (None, spec.admin_token)
+        layout.write_token(spec.admin_token)
+        state.serving = ServingIntent(spec.epoch, spec.worker_processes, spec.slots_per_worker,
+                                      spec.allow_private_targets)
+        state.save(layout)
+        started = self._converge(site, state, layout, db, restart_api=token_changed)
+        if started:
+            log.info("%s: started %s under epoch %d", site.name, ", ".join(started), spec.epoch)
+        else:
+            log.info("%s: adopted the processes of epoch %d", site.name, spec.epoch)
+        self._wait_serving(site, state, layout, spec.admin_token)
+        return self._endpoints(state)
+
+    def _stop_serving(self, site: SiteKey) -> None:
+        layout = self.layout(site)
+        state = SiteState.load(layout)
+        if state is None:
+            return
+        state.serving = None
+        self._stop_roles(state, layout, [r for r in state.processes if r != POSTGRES])
+        layout.token_file.unlink(missing_ok=True)
+
+    def _wanted(self, site: SiteKey, state: SiteState, db: SiteDatabase,
+                token: str) -> dict[str, _Wanted]:
+        intent = state.serving
+        assert intent is not None
+        env = {
+            "CELLPLANE_CELL_DATABASE": db.endpoint.conninfo,
+            "CELLPLANE_CELL_NAME": site.cell,
+            "CELLPLANE_CELL_EPOCH": str(intent.epoch),
+            "CELLPLANE_CELL_ALLOW_PRIVATE_TARGETS": "1" if intent.allow_private_targets else "0",
+        }
+        command = [self._python, "-m", "cellplane_operator", "cell"]
+        wanted = {API: _Wanted(
+            API, [*command, "serve", "--host", LOOPBACK, "--port", str(state.ports["api"]),
+                  "--admin-port", str(state.ports["admin"])],
+            {**env, "CELLPLANE_CELL_ADMIN_TOKEN": token}, intent.epoch)}
+        for i in range(intent.worker_processes):
+            role = f"worker-{i}"
+            wanted[role] = _Wanted(
+                role, [*command, "work", "--slots", str(intent.slots_per_worker),
+                       "--worker-id", f"{site.name}-w{i}-e{intent.epoch}"], env, intent.epoch)
+        return wanted
+
+    def _converge(self, site: SiteKey, state: SiteState, layout: SiteLayout, db: SiteDatabase,
+                  *, restart_api: bool = False) -> list[str]:
+        """Makes the API and worker processes match the intent; returns the roles it started.
+
+        Everything that runs with another command line (another epoch) is
+        stopped, and waited for, before anything new starts.
+        """
+        token = layout.read_token()
+        if state.serving is None or token is None:
+            return []
+        wanted = self._wanted(site, state, db, token)
+        stale: list[str] = []
+        for role, record in list(state.processes.items()):
+            if role == POSTGRES:
+                continue
+            if not record.running:
+                del state.processes[role]
+            elif (role not in wanted or record.fingerprint != wanted[role].fingerprint
+                  or (role == API and restart_api)):
+                stale.append(role)
+        self._stop_roles(state, layout, stale)
+        started: list[str] = []
+        for role, want in wanted.items():
+            if role in state.processes:
+                continue
+            pid, start_time = spawn(want.argv, log=layout.log(role), env=want.env, cwd=layout.root)
+            state.processes[role] = ProcessRecord(role, pid, start_time, want.epoch,
+                                                  want.fingerprint)
+            state.save(layout)
+            started.append(role)
+        return started
+
+    def _stop_roles(self, state: SiteState, layout: SiteLayout, roles: list[str]) -> list[int]:
+        records = [state.processes[role] for role in roles if role in state.processes]
+        stopped = stop_processes([(r.pid, r.start_time, signal.SIGTERM) for r in records],
+                                 grace=STOP_GRACE)
+        for role in roles:
+            state.processes.pop(role, None)
+        state.save(layout)
+        return stopped
+
+    def _probe(self, state: SiteState, token: str) -> bool:
+        """The admin API answers its health check (which reads the database); the tenant API serves.
+
+        The tenant API has no health route of its own and every route wants a
+        tenant key, so its OpenAPI document stands in for "the listener serves".
+        """
+        try:
+            with httpx.Client(timeout=2.0) as http:
+                admin = http.get(f"http://{LOOPBACK}:{state.ports['admin']}/admin/v1/health",
+                                 headers={"Authorization": f"Bearer {token}"})
+                tenant = http.get(f"http://{LOOPBACK}:{state.ports['api']}/openapi.json")
+        except httpx.HTTPError:
+            return False
+        return admin.status_code == 200 and tenant.status_code == 200
+
+    def _dead_role(self, state: SiteState) -> str | None:
+        for role, record in state.processes.items():
+            if role != POSTGRES and not record.running:
+                return role
+        return None
+
+    def _wait_serving(self, site: SiteKey, state: SiteState, layout: SiteLayout,
+                      token: str) -> None:
+        def alive() -> None:
+            if (dead := self._dead_role(state)) is not None:
+                raise SiteError(f"{dead} of {site.name} exited; log {layout.log(dead)}:\n"
+                                f"{tail(layout.log(dead))}")
+        try:
+            wait_for(lambda: self._probe(state, token), timeout=SERVE_TIMEOUT, interval=0.2,
+                     alive=alive, what=f"the API of {site.name} to answer its health check")
+        except SiteError:
+            raise
+        except CellplaneError as error:
+            raise SiteError(f"{error}; log {layout.log(API)}:\n{tail(layout.log(API))}") from error
+
+    def _endpoints(self, state: SiteState) -> SiteEndpoints:
+        return SiteEndpoints(api=f"http://{LOOPBACK}:{state.ports['api']}",
+                             admin=f"http://{LOOPBACK}:{state.ports['admin']}")
+
+    # -- health and teardown -----------------------------------------------------------
+
+    def _check(self, site: SiteKey) -> SiteHealth:
+        layout = self.layout(site)
+        state = SiteState.load(layout)
+        if state is None:
+            return SiteHealth(database_up=False, serving=False, epoch=None, endpoints=None)
+        db = self._database(layout, state)
+        restarted: list[str] = []
+        if state.database is not None:
+            try:
+                if self._run_postgres(state, layout, db, create=_never):
+                    restarted.append(POSTGRES)
+            except SiteError as error:
+                # A report, not a failure of the check: the operator sees the site down.
+                log.warning("%s: postgres could not be restarted: %s", site.name, error)
+        health = db.health()
+        token = layout.read_token()
+        serving = False
+        if state.serving is not None and token is not None and health is not None:
+            started = self._converge(site, state, layout, db)
+            restarted += started
+            try:
+                if started:
+                    log.warning("%s: restarted %s", site.name, ", ".join(started))
+                    self._wait_serving(site, state, layout, token)
+                serving = self._dead_role(state) is None and self._probe(state, token)
+            except SiteError as error:
+                log.warning("%s: not serving: %s", site.name, error)
+        epochs = {r.epoch for role, r in state.processes.items() if role != POSTGRES and r.running}
+        return SiteHealth(
+            database_up=health is not None,
+            serving=serving,
+            epoch=next(iter(epochs)) if len(epochs) == 1 else None,
+            endpoints=self._endpoints(state) if state.serving is not None else None,
+            restarted=tuple(restarted),
+            in_recovery=None if health is None else health.in_recovery,
+            replay_lag_seconds=None if health is None else health.replay_lag_seconds,
+            streaming=health is not None and health.streaming,
+        )
+
+    def _destroy(self, site: SiteKey) -> None:
+        layout = self.layout(site)
+        _stop_site(layout)
+        shutil.rmtree(layout.root, ignore_errors=True)
+        if layout.root.exists():
+            raise SiteError(f"could not remove {layout.root}")
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _lock(self, site: SiteKey) -> asyncio.Lock:
+        return self._locks.setdefault(site.name, asyncio.Lock())
+
+    def _open(self, site: SiteKey) -> tuple[SiteState, SiteLayout, SiteDatabase]:
+        """The site's state, created with its ports on first use."""
+        layout = self.layout(site)
+        state = SiteState.load(layout)
+        if state is None:
+            self._state_dir.mkdir(parents=True, exist_ok=True)
+            if self._os_user is not None:
+                # Postgres runs as another OS user: it must walk into the site.
+                self._state_dir.chmod(0o755)
+            layout.logs.mkdir(parents=True, exist_ok=True)
+            state = SiteState(site.cell, site.region, ports={
+                POSTGRES: free_port(), "api": free_port(), "admin": free_port()})
+            state.save(layout)
+        return state, layout, self._database(layout, state)
+
+    def _database(self, layout: SiteLayout, state: SiteState) -> SiteDatabase:
+        return SiteDatabase(self._binaries, layout, state.ports[POSTGRES], os_user=self._os_user)
+
+
+def _never() -> None:
+    raise SiteError("the site's Postgres cluster is gone; it is not recreated by a health check")
+
+
+def _stop_site(layout: SiteLayout) -> list[int]:
+    """Stops the site's API and workers, then its Postgres; returns the PIDs stopped."""
+    state = SiteState.load(layout)
+    stopped: list[int] = []
+    postgres: ProcessRecord | None = None
+    if state is not None:
+        others = [r for role, r in state.processes.items() if role != POSTGRES]
+        stopped += stop_processes([(r.pid, r.start_time, signal.SIGTERM) for r in others],
+                                  grace=STOP_GRACE)
+        postgres = state.processes.get(POSTGRES)
+    # postmaster.pid is read too: a crash between start and save leaves no record.
+    stopped += stop_postgres(layout, postgres)
+    if state is not None:
+        state.processes.clear()
+        state.save(layout)
+    return stopped
+
+
+def stop_all_sites(state_dir: Path) -> list[int]:
+    """Stops every process of every site under ``state_dir``, Postgres included.
+
+    For test fixtures and the demo: site processes outlive the operator by
+    design, so whoever made the state dir cleans up with this. Intent stays in
+    ``site.json`` (a later operator brings the sites back); the PIDs it stopped
+    are returned, for leak checks, once they are gone from /proc altogether
+    (orphans' zombies included, waited for up to a few seconds).
+    """
+    if not state_dir.is_dir():
+        return []
+    stopped: list[int] = []
+    for root in sorted(p for p in state_dir.iterdir() if p.is_dir()):
+        stopped += _stop_site(SiteLayout(root))
+    if left := wait_gone(stopped):
+        log.warning("stopped site processes not yet reaped by their parent: %s", left)
+    return stopped
