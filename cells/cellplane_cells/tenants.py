@@ -2,7 +2,8 @@
 
 Reached through the admin surface only. An API key is shown once, at creation,
 and stored as its SHA-256: a leaked database does not leak working keys, and a
-high-entropy random key needs no slow hash.
+high-entropy random key needs no slow hash. A tenant leaves a cell retired
+(its rows kept, re-enabled by the next upsert) or purged (its rows gone).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import secrets
 import socket
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import psycopg
@@ -23,7 +25,8 @@ from cellplane_cells.errors import InvalidRequestError, NotFoundError, TargetRef
 from cellplane_cells.queries import query
 
 __all__ = ["TenantSpec", "hash_api_key", "new_api_key", "upsert_tenant", "register_target",
-           "register_webhook", "credit_wallet", "tenant_summary", "resolve_host"]
+           "register_webhook", "credit_wallet", "tenant_summary", "resolve_host",
+           "RemovalPolicy", "remove_tenant", "retire_tenant", "purge_tenant", "PURGE_ORDER"]
 
 
 def hash_api_key(api_key: str) -> bytes:
@@ -114,3 +117,59 @@ def tenant_summary(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, A
     if row is None:
         raise NotFoundError(f"tenant {tenant_id} is not in this cell")
     return dict(row)
+
+
+class RemovalPolicy(str, Enum):
+    RETAIN = "retain"
+    """The tenant stays with all its rows, disabled: its key fails, no job of it is claimed."""
+    PURGE = "purge"
+    """Every row of the tenant, in every table, is deleted in one transaction."""
+
+
+PURGE_ORDER = (
+    "purge_delivery_attempts", "purge_deliveries", "purge_outbox", "purge_job_steps",
+    "purge_ledger", "purge_idempotency_keys", "purge_jobs", "purge_webhook_endpoints",
+    "purge_targets", "purge_wallet", "purge_rate_bucket", "purge_tenant",
+)
+"""The statements of a purge (sql/removal.sql), rows that reference others first."""
+
+
+def retire_tenant(conn: psycopg.Connection[Any], tenant_id: str) -> bool:
+    """Disables the tenant and keeps its rows; False if it is not in this cell.
+
+    Its key no longer authenticates and no job of it is claimed from now on;
+    jobs already running finish (their writes depend on their claim, not on
+    the tenant's state), and the relay still delivers the events they write.
+    ``upsert_tenant`` makes it active again, with the same key.
+    """
+    with translate_errors(), conn.transaction():
+        return conn.execute(query("retire_tenant"), {"tenant_id": tenant_id}).fetchone() is not None
+
+
+def purge_tenant(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, int] | None:
+    """Deletes every row of the tenant in one transaction; rows deleted per statement,
+    or None if the tenant is not in this cell (then no table holds a row of it:
+    every tenant_id column references ``tenants``)."""
+    deleted: dict[str, int] = {}
+    with translate_errors(), conn.transaction(), conn.cursor() as cursor:
+        params = {"tenant_id": tenant_id}
+        if cursor.execute(query("lock_tenant_for_purge"), params).fetchone() is None:
+            return None
+        for name in PURGE_ORDER:
+            cursor.execute(query(name), params)
+            deleted[name.removeprefix("purge_")] = cursor.rowcount
+    return deleted
+
+
+def remove_tenant(conn: psycopg.Connection[Any], tenant_id: str, policy: RemovalPolicy) -> bool:
+    """The tenant leaves this cell under ``policy``; False if it was not here.
+
+    Idempotent either way, and an absent tenant is not an error: the caller
+    (the placement leader) repeats a removal after a crash or a lost answer,
+    and what it asks for, no tenant served from this cell, already holds.
+    Answering 404 would make every retry special-case the error and would not
+    tell a retained tenant from a purged one anyway.
+    """
+    if policy is RemovalPolicy.RETAIN:
+        return retire_tenant(conn, tenant_id)
+    return purge_tenant(conn, tenant_id) is not None

@@ -27,7 +27,8 @@ from cellplane_cells.queries import query
 from cellplane_cells.redrive import redrive
 from cellplane_cells.transfer import export_tenant, import_tenant
 from cellplane_cells.tenants import (
-    TenantSpec, credit_wallet, register_target, register_webhook, tenant_summary, upsert_tenant,
+    RemovalPolicy, TenantSpec, credit_wallet, register_target, register_webhook, remove_tenant,
+    tenant_summary, upsert_tenant,
 )
 
 __all__ = ["create_admin_app"]
@@ -109,6 +110,16 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
             created, issued = upsert_tenant(conn, spec, api_key=body.api_key)
             summary = tenant_summary(conn, tenant_id)
         return {"created": created, "api_key": issued, "tenant": summary}
+
+    @app.delete("/admin/v1/tenants/{tenant_id}", dependencies=guarded, status_code=204)
+    def delete_tenant(tenant_id: TenantId, policy: RemovalPolicy) -> None:
+        """The tenant leaves this cell. ``retain``: its rows stay, its key stops
+        working and none of its jobs is claimed, until a PUT re-places it here.
+        ``purge``: every row of it goes, in one transaction. 204 also when the
+        tenant is not here (any more): both are idempotent, so the operator
+        repeats them safely after a crash or a lost answer."""
+        with pool.connection() as conn:
+            remove_tenant(conn, tenant_id, policy)
 
     @app.get("/admin/v1/tenants/{tenant_id}", dependencies=guarded)
     def get_tenant(tenant_id: TenantId) -> dict[str, Any]:

@@ -2,13 +2,16 @@
 
 -- name: upsert_tenant
 -- Creates the tenant or updates its plan and quotas. The running counter,
--- the fairness position and the epoch are never touched here.
+-- the fairness position and the epoch are never touched here. A retired
+-- tenant (removed with policy=retain) is placed here again: active, with the
+-- key it had unless a new one is given. Paused and frozen stay as they are.
 INSERT INTO tenants (tenant_id, plan, max_running, jobs_per_second, burst, daily_spend_limit,
                      signing_secret, api_key_hash)
 VALUES (%(tenant_id)s, %(plan)s, %(max_running)s, %(jobs_per_second)s, %(burst)s,
         %(daily_spend_limit)s, %(signing_secret)s, %(api_key_hash)s)
 ON CONFLICT (tenant_id) DO UPDATE
-   SET plan = EXCLUDED.plan, max_running = EXCLUDED.max_running,
+   SET state = CASE WHEN tenants.state = 'retired' THEN 'active' ELSE tenants.state END,
+       plan = EXCLUDED.plan, max_running = EXCLUDED.max_running,
        jobs_per_second = EXCLUDED.jobs_per_second, burst = EXCLUDED.burst,
        daily_spend_limit = EXCLUDED.daily_spend_limit,
        api_key_hash = coalesce(EXCLUDED.api_key_hash, tenants.api_key_hash),

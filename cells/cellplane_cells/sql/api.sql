@@ -3,7 +3,9 @@
 -- together or not at all.
 
 -- name: tenant_by_key
-SELECT tenant_id, plan, state, epoch FROM tenants WHERE api_key_hash = %(key_hash)s;
+-- A retired tenant (removed from this cell, its rows kept) has no working key here.
+SELECT tenant_id, plan, state, epoch FROM tenants
+ WHERE api_key_hash = %(key_hash)s AND state <> 'retired';
 
 -- name: stored_response
 SELECT request_hash, status_code, response FROM idempotency_keys
