@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from cellplane_operator.errors import CellplaneError
 
@@ -50,6 +51,22 @@ def _parser() -> argparse.ArgumentParser:
     operator = commands.add_parser("operator", help="run the regional operator")
     operator.add_argument("--region", default=os.environ.get("CELLPLANE_REGION", "region-a"),
                           help="region this operator acts for (env CELLPLANE_REGION)")
+    operator.add_argument("--etcd", default=os.environ.get("CELLPLANE_ETCD", ""),
+                          help="comma-separated host:port of the etcd members (env CELLPLANE_ETCD)")
+    operator.add_argument("--regions", default=os.environ.get("CELLPLANE_REGIONS", ""),
+                          help="every region of the deployment, comma-separated")
+    operator.add_argument("--state-dir", type=Path,
+                          default=Path(os.environ.get("CELLPLANE_STATE_DIR", ".local/sites")),
+                          help="where the local site driver keeps this region's sites")
+    operator.add_argument("--namespace", default="cellplane-system",
+                          help="namespace of the operator's own Secrets")
+    operator.add_argument("--kubeconfig", type=Path, default=None)
+    operator.add_argument("--election-lease-seconds", type=int, default=10)
+    operator.add_argument("--election-renew-seconds", type=float, default=2.0)
+    operator.add_argument("--election-margin-seconds", type=float, default=2.0)
+    operator.add_argument("--resync-seconds", type=float, default=30.0)
+    operator.add_argument("--liveness", default=None,
+                          help="serve kopf's liveness probe, e.g. http://127.0.0.1:8080/healthz")
     operator.add_argument("--verbose", action="store_true")
     operator.set_defaults(run=_run_operator)
 
@@ -63,8 +80,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="where to write endpoints, PIDs and the kubeconfig path")
     up.set_defaults(run=_run_local_up)
 
-    demo = commands.add_parser("demo", help="bring up the local control plane, run the "
-                               "operator, apply a sample Cell and show `kubectl get cells`")
+    demo = commands.add_parser("demo", help="bring up the local control plane and one operator "
+                               "per region, apply sample Cells and Tenants, show them placed")
     demo.add_argument("--keep", action="store_true",
                       help="stay up after the demo until interrupted")
     demo.set_defaults(run=_run_demo)
@@ -99,12 +116,62 @@ def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     import cellplane_operator.handlers  # noqa: F401  (registers the handlers)
+    from cellplane_operator.domain.ownership import LeaseSettings
+    from cellplane_operator.localplane.binaries import Binaries
+    from cellplane_operator.settings import OperatorSettings
+    from cellplane_operator.sites.local import LocalSiteDriver
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ["CELLPLANE_REGION"] = args.region
-    asyncio.run(kopf.operator(standalone=True, clusterwide=True))
+    # One line per HTTP request to the apiserver and the cells would bury the decisions.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
+    if not endpoints:
+        print("cellplane operator: --etcd (or CELLPLANE_ETCD) is required", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        election = LeaseSettings(duration_seconds=args.election_lease_seconds,
+                                 renew_interval_seconds=args.election_renew_seconds,
+                                 margin_seconds=args.election_margin_seconds).validated()
+    except ValueError as error:
+        print(f"cellplane operator: election lease: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    regions = tuple(r.strip() for r in args.regions.split(",") if r.strip()) or (args.region,)
+    state_dir = args.state_dir.resolve()
+    lock = _lock_state_dir(state_dir)
+    if lock is None:
+        print(f"cellplane operator: another operator runs on {state_dir}", file=sys.stderr)
+        return EXIT_FAILED
+    settings = OperatorSettings(
+        region=args.region, etcd_endpoints=endpoints, state_dir=state_dir,
+        namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
+        resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True)
+    driver = LocalSiteDriver(Binaries.discover(), settings.state_dir)
+    memo = kopf.Memo(settings=settings, driver=driver)
+    asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
+                              liveness_endpoint=args.liveness))
     return EXIT_OK
+
+
+def _lock_state_dir(state_dir: Path) -> IO[str] | None:
+    """An exclusive lock on the region's state directory, held until this process exits.
+
+    It is what makes adopting the previous operator's leases safe: the kernel
+    releases the lock only when its holder is gone, so holding it proves that
+    no other operator of this state directory is alive, paused or not. (The
+    site processes do not inherit it: subprocesses close inherited descriptors.)
+    """
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o755)
+    handle = (state_dir / ".operator.lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 def _run_hold(args: argparse.Namespace) -> int:
@@ -179,7 +246,9 @@ def _run_local_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SAMPLE_CELL = """\
+DEMO_REGIONS = ("region-a", "region-b", "region-c")
+
+SAMPLE = """\
 apiVersion: cellplane.io/v1alpha1
 kind: Cell
 metadata:
@@ -188,46 +257,101 @@ spec:
   region: region-a
   tier: shared
   capacity: {tenants: 50, workerSlots: 200}
+  standbyRegions: [region-b]
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: demo
+---
+apiVersion: cellplane.io/v1alpha1
+kind: Tenant
+metadata:
+  name: acme
+  namespace: demo
+spec:
+  plan: pro
+  homeRegion: region-a
+  regionPolicy: HOME_ASYNC
+---
+apiVersion: cellplane.io/v1alpha1
+kind: Tenant
+metadata:
+  name: globex
+  namespace: demo
+spec:
+  plan: enterprise
+  isolation: dedicated
+  homeRegion: region-c
+  deletionPolicy: Delete
 """
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    import json
+
     from cellplane_operator.localplane import LocalControlPlane
     from cellplane_operator.localplane.controlplane import LocalPlaneConfig
     from cellplane_operator.localplane.process import ManagedProcess, wait_for
+    from cellplane_operator.sites.local import stop_all_sites
 
     started = time.monotonic()
-    plane = LocalControlPlane(LocalPlaneConfig(regions=("region-a", "region-b", "region-c")))
+    plane = LocalControlPlane(LocalPlaneConfig(regions=DEMO_REGIONS))
     print(f"[demo] starting a 3-member etcd and a kube-apiserver (run dir {plane.run_dir})")
-    plane.start()
-    operator = ManagedProcess(
-        "operator", [sys.executable, "-m", "cellplane_operator", "operator", "--region", "region-a"],
-        log=plane.run_dir / "logs" / "operator.log",
-        env={"KUBECONFIG": str(plane.kubeconfig)},
-    )
+    operators: list[ManagedProcess] = []
     try:
-        print(f"[demo] control plane up in {time.monotonic() - started:.1f}s; starting the operator")
-        operator.start()
-        print("[demo] kubectl apply -f - <<< Cell shared-a1")
-        print(plane.kubectl("apply", "-f", "-", input_text=SAMPLE_CELL).stdout.strip())
+        plane.start()
+        print(f"[demo] control plane up in {time.monotonic() - started:.1f}s; "
+              f"starting one operator per region")
+        for region in DEMO_REGIONS:
+            operator = ManagedProcess(
+                f"operator-{region}",
+                [sys.executable, "-m", "cellplane_operator", "operator", "--region", region,
+                 "--etcd", ",".join(plane.etcd.endpoints), "--regions", ",".join(DEMO_REGIONS),
+                 "--state-dir", str(plane.run_dir / "sites" / region)],
+                log=plane.run_dir / "logs" / f"operator-{region}.log",
+                env={"KUBECONFIG": str(plane.kubeconfig)})
+            operator.start()
+            operators.append(operator)
 
-        def cell_reported() -> bool:
-            result = plane.kubectl("get", "cell", "shared-a1", "-o",
-                                   "jsonpath={.status.phase}", check=False)
-            return result.stdout.strip() != ""
+        def alive() -> None:
+            for operator in operators:
+                operator.check_alive()
 
-        wait_for(cell_reported, timeout=60, what="the operator to report the cell's status",
-                 alive=operator.check_alive)
-        print("[demo] kubectl get cells -o wide")
-        print(plane.kubectl("get", "cells", "-o", "wide").stdout.rstrip())
-        print(plane.kubectl("get", "cell", "shared-a1", "-o",
-                            "jsonpath={range .status.conditions[*]}{.type}={.status} "
-                            "({.reason}): {.message}{\"\\n\"}{end}").stdout.rstrip())
+        print("[demo] kubectl apply: Cell shared-a1 (standby in region-b), Tenant demo/acme "
+              "(pro, HOME_ASYNC), Tenant demo/globex (enterprise, dedicated)")
+        print(plane.kubectl("apply", "-f", "-", input_text=SAMPLE).stdout.rstrip())
+
+        def phases() -> dict[str, str]:
+            listed = json.loads(plane.kubectl("get", "tenants", "-A", "-o", "json").stdout)
+            return {item["metadata"]["name"]: (item.get("status") or {}).get("phase", "Pending")
+                    for item in listed["items"]}
+
+        last: dict[str, str] = {}
+
+        def all_ready() -> bool:
+            nonlocal last
+            now = phases()
+            if now != last:
+                print(f"[demo] {time.monotonic() - started:5.1f}s tenants: "
+                      + ", ".join(f"{name}={phase}" for name, phase in sorted(now.items())))
+                last = now
+            return bool(now) and all(phase == "Ready" for phase in now.values())
+
+        wait_for(all_ready, timeout=240, interval=0.5, alive=alive,
+                 what="every Tenant to be Ready (cells provisioned, tenants placed)")
+        print("[demo] kubectl get cells,tenants -A")
+        print(plane.kubectl("get", "cells,tenants", "-A").stdout.rstrip())
+        print("[demo] kubectl describe tenant acme -n demo")
+        print(plane.kubectl("describe", "tenant", "acme", "-n", "demo").stdout.rstrip())
         if args.keep:
             print(f"[demo] staying up; export KUBECONFIG={plane.kubeconfig}; Ctrl-C to stop")
             _wait_for_interrupt()
     finally:
-        operator.stop()
+        for operator in operators:
+            operator.stop()
+        for region in DEMO_REGIONS:
+            stop_all_sites(plane.run_dir / "sites" / region)
         plane.stop()
     plane.remove()
     print(f"[demo] done in {time.monotonic() - started:.1f}s; every process stopped")

@@ -1,8 +1,11 @@
-"""kopf handlers: glue between Kubernetes events and the domain's decisions.
+"""kopf handlers: glue between Kubernetes' watch and the regional operator's controllers.
 
-Each handler unpacks the event into domain types, asks ``cellplane_operator.domain``
-what to do, and writes the answer to the status subresource. No kopf object
-travels past this module.
+Only ``on.event`` handlers are registered: they hand each object to the
+runtime's cache and return. kopf therefore writes no progress or diff-base
+annotations and adds no finalizers of its own, so several regional operators
+watching the same objects never collide on kopf's state (see
+docs/regional-operator.md for who acts on what). No kopf object travels past
+this module.
 """
 
 from __future__ import annotations
@@ -12,39 +15,40 @@ from typing import Any
 
 import kopf
 
-from cellplane_operator.clock import SystemClock
-from cellplane_operator.domain.cells import CellSpec, plan_cell_status
+from cellplane_operator.runtime import RegionRuntime
+from cellplane_operator.settings import OperatorSettings
 
 GROUP = "cellplane.io"
 VERSION = "v1alpha1"
 
-_clock = SystemClock()
-
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # The CRDs' schemas are structural and prune unknown status fields, so kopf
-    # keeps its bookkeeping in annotations rather than in status.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
-    settings.posting.level = logging.INFO
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
+    settings.networking.request_timeout = 90
+    config: OperatorSettings = memo["settings"]
+    runtime = RegionRuntime(config, memo["driver"])
+    await runtime.start()
+    memo["runtime"] = runtime
 
 
-@kopf.on.resume(GROUP, VERSION, "cells")
-@kopf.on.create(GROUP, VERSION, "cells")
-@kopf.on.update(GROUP, VERSION, "cells", field="spec")
-def reconcile_cell(
-    name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, patch: kopf.Patch,
-    **_: Any,
-) -> None:
-    cell = CellSpec.from_manifest(name, spec)
-    plan = plan_cell_status(
-        cell,
-        generation=int(meta.get("generation", 0)),
-        current_conditions=list(status.get("conditions", [])),
-        now=_clock.now(),
-    )
-    patch.status.update(plan.as_status())
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    runtime: RegionRuntime | None = memo.get("runtime")
+    if runtime is not None:
+        await runtime.stop()
+
+
+@kopf.on.event(GROUP, VERSION, "cells")
+async def cell_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    runtime: RegionRuntime | None = memo.get("runtime")
+    if runtime is not None:
+        runtime.observe_cell(event.get("type"), dict(event["object"]))
+
+
+@kopf.on.event(GROUP, VERSION, "tenants")
+async def tenant_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    runtime: RegionRuntime | None = memo.get("runtime")
+    if runtime is not None:
+        runtime.observe_tenant(event.get("type"), dict(event["object"]))

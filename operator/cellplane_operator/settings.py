@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cellplane_operator.domain.ownership import LeaseSettings
 
 __all__ = ["OperatorSettings"]
 
@@ -13,5 +16,28 @@ class OperatorSettings:
     """The region this operator instance runs in and acts for."""
     etcd_endpoints: tuple[str, ...] = ()
     """``host:port`` of every member of the ownership-table etcd cluster."""
-    etcd_timeout_seconds: float = 5.0
+    etcd_timeout_seconds: float = 2.0
     """How long one etcd operation may take over all members before it fails."""
+    state_dir: Path = Path(".local/sites")
+    """Where the local site driver keeps this region's sites (data, logs, PIDs)."""
+    namespace: str = "cellplane-system"
+    """Namespace of the operator's own Secrets (cell admin tokens)."""
+    kubeconfig: Path | None = None
+    """Kubeconfig to use; None: $KUBECONFIG, in-cluster, then ~/.kube/config."""
+    election: LeaseSettings = field(default_factory=LeaseSettings)
+    """Lease of the placement election."""
+    resync_seconds: float = 30.0
+    """Every object is reconciled at least this often, events or not."""
+    site_check_seconds: float = 1.0
+    """How often each site's processes are health-checked (and restarted)."""
+    tenant_workers: int = 16
+    """Tenants reconciled at once by the placement leader."""
+    regions: tuple[str, ...] = ()
+    """Every region of the deployment; a dedicated HOME_ASYNC tenant's standby goes to the
+    region after its home in this list."""
+    adopt_leases: bool = False
+    """Continue the live leases of this region's previous operator after a restart, and
+    leave the cells serving at shutdown. Only with an exclusive lock on ``state_dir``,
+    which proves the previous operator is gone."""
+    member: str = ""
+    """This operator's name in elections; default ``<region>-<pid>``."""

@@ -105,10 +105,19 @@ def test_no_cell_in_the_region_names_the_regions_that_have_some() -> None:
 
 
 def test_no_ready_cell_in_the_region_says_what_each_is_doing() -> None:
-    cells = [cell("a2", phase="Provisioning"), cell("a1", draining=True), cell("b1", region=B)]
+    cells = [cell("a2", phase="Fenced"), cell("a1", draining=True), cell("b1", region=B)]
     message = unplaceable(place(request(), cells), UnplaceableReason.NO_CELL_IN_REGION)
     assert message == ("no Ready shared cell in region region-a: a1 is Ready and draining "
-                       "(spec.draining), a2 is Provisioning")
+                       "(spec.draining), a2 is Fenced")
+
+
+def test_a_cell_still_starting_is_waited_for_not_refused() -> None:
+    cells = [cell("a2", phase="Provisioning"), cell("a1", draining=True), cell("b1", region=B)]
+    outcome = place(request(), cells)
+    assert outcome == WaitForCell(CellName("a2"), WaitReason.NO_READY_CELL,
+                                  "no shared cell in region region-a is Ready yet (a2 is "
+                                  "Provisioning); the tenant is placed when one is")
+    assert Placer(cells).place(request()) == outcome
 
 
 def test_no_capacity_names_the_best_cell_and_its_numbers() -> None:
@@ -393,7 +402,7 @@ def test_the_chosen_cell_is_among_the_least_loaded_eligible_ones(
                 and (r.region_policy is RegionPolicy.SINGLE_REGION or c.has_standby)]
     outcome = place(r, cells)
     if not eligible:
-        assert isinstance(outcome, Unplaceable)
+        assert isinstance(outcome, Unplaceable | WaitForCell)
         return
     assert isinstance(outcome, PlaceIn)
     least = min(Fraction(c.slots_in_use + r.max_running, c.worker_slots) for c in eligible)

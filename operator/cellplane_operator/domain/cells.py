@@ -1,25 +1,35 @@
-"""What the operator reports for a Cell it has accepted.
+"""What a Cell's status says, from what its owner observed of its sites.
 
-The foundation's operator does not run cell stacks yet: it validates what the
-schema cannot (nothing, so far, beyond the schema's own rules), accepts the
-spec and says plainly that no stack is provisioned. Later issues turn the
-``Ready`` condition into the outcome of provisioning.
+The owner of a cell's placement group reports it; nobody else does. The phase
+is a summary for people and for placement (only Ready cells take tenants);
+the conditions carry the reasons:
+
+- ``Ready``: the primary site serves under the current epoch (and, when the
+  cell has standby regions, every standby streams within the allowed lag the
+  first time; later a lagging standby makes the cell Degraded, not unready).
+- ``Degraded``: the cell serves but lost redundancy (a standby not streaming
+  or over ``maxStandbyLagSeconds``).
+- ``Fenced``: the owner could not confirm its lease and stopped the cell's work.
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NewType
 
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
 
-__all__ = ["CellName", "Region", "Tier", "CellSpec", "CellStatusPlan", "plan_cell_status"]
+__all__ = ["CellName", "Region", "Tier", "StandbyReport", "CellObservation", "plan_cell_status",
+           "SERVING_PHASES"]
 
 CellName = NewType("CellName", str)
 Region = NewType("Region", str)
+
+SERVING_PHASES = frozenset({"Ready", "Draining", "Degraded"})
+"""Phases in which the cell's primary serves its tenants."""
 
 
 class Tier(str, Enum):
@@ -28,62 +38,112 @@ class Tier(str, Enum):
 
 
 @dataclass(frozen=True)
-class CellSpec:
-    name: CellName
-    region: Region
-    tier: Tier
-    tenant_capacity: int
-    worker_slots: int
-
-    @classmethod
-    def from_manifest(cls, name: str, spec: Mapping[str, Any]) -> CellSpec:
-        """Reads a spec the apiserver has already validated against the CRD schema."""
-        capacity = spec["capacity"]
-        return cls(
-            name=CellName(name),
-            region=Region(spec["region"]),
-            tier=Tier(spec["tier"]),
-            tenant_capacity=int(capacity["tenants"]),
-            worker_slots=int(capacity["workerSlots"]),
-        )
+class StandbyReport:
+    region: str
+    streaming: bool
+    lag_seconds: float | None
+    message: str = ""
 
 
 @dataclass(frozen=True)
-class CellStatusPlan:
-    phase: str
-    observed_generation: int
-    conditions: list[dict[str, Any]]
+class CellObservation:
+    generation: int
+    active_region: str
+    active_site: str
+    epoch: int | None
+    """The epoch the owner holds; None while it holds none (waiting or fenced)."""
+    fenced: bool
+    database_up: bool
+    serving: bool
+    api_endpoint: str | None
+    admin_endpoint: str | None
+    draining: bool = False
+    standby_regions: tuple[str, ...] = ()
+    standbys: tuple[StandbyReport, ...] = ()
+    max_standby_lag_seconds: float = 30.0
+    previous_phase: str | None = None
+    problem: str = field(default="")
+    """Why the site is not serving, when known (a start error, a log tail)."""
 
-    def as_status(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "observedGeneration": self.observed_generation,
-            "conditions": self.conditions,
-        }
+
+def _standby_problems(observed: CellObservation) -> list[str]:
+    reports = {report.region: report for report in observed.standbys}
+    problems: list[str] = []
+    for region in observed.standby_regions:
+        report = reports.get(region)
+        if report is None:
+            problems.append(f"standby in {region}: no report yet")
+        elif not report.streaming:
+            problems.append(f"standby in {region} not streaming"
+                            + (f" ({report.message})" if report.message else ""))
+        elif report.lag_seconds is not None and report.lag_seconds > observed.max_standby_lag_seconds:
+            problems.append(f"standby in {region} {report.lag_seconds:.1f}s behind "
+                            f"(max {observed.max_standby_lag_seconds:g}s)")
+    return problems
 
 
-def plan_cell_status(
-    cell: CellSpec,
-    *,
-    generation: int,
-    current_conditions: Sequence[Mapping[str, Any]],
-    now: datetime.datetime,
-) -> CellStatusPlan:
-    accepted = Condition(
-        type="Accepted",
-        status=ConditionStatus.TRUE,
-        reason="SpecValid",
-        message=f"{cell.tier.value} cell in {cell.region} for up to {cell.tenant_capacity} "
-        f"tenant(s) and {cell.worker_slots} worker slot(s)",
-        observed_generation=generation,
-    )
-    ready = Condition(
-        type="Ready",
-        status=ConditionStatus.FALSE,
-        reason="StackNotProvisioned",
-        message="no cell stack runs for this cell yet",
-        observed_generation=generation,
-    )
-    conditions = set_condition(current_conditions, accepted, now=now)
-    conditions = set_condition(conditions, ready, now=now)
-    return CellStatusPlan(phase="Pending", observed_generation=generation, conditions=conditions)
+def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[Mapping[str, Any]],
+                     now: datetime.datetime) -> dict[str, Any]:
+    """The status subresource the owner writes: phase, fields and merged conditions."""
+    generation = observed.generation
+    standby_problems = _standby_problems(observed)
+    was_serving = observed.previous_phase in SERVING_PHASES
+
+    def condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
+        return Condition(type_, ConditionStatus.TRUE if ok else ConditionStatus.FALSE, reason,
+                         message, observed_generation=generation)
+
+    if observed.fenced:
+        phase = "Fenced"
+        ready = condition("Ready", False, "Fenced",
+                          "the owner could not confirm its lease in time and stopped the cell")
+    elif not observed.database_up:
+        phase = "Provisioning"
+        ready = condition("Ready", False, "DatabaseNotRunning",
+                          observed.problem or "the primary database is starting")
+    elif observed.epoch is None:
+        phase = "Provisioning"
+        ready = condition("Ready", False, "AwaitingOwnership",
+                          "waiting to acquire the placement-group lease (after an operator "
+                          "restart: until the previous holder's lease has run out)")
+    elif not observed.serving:
+        phase = "Provisioning"
+        ready = condition("Ready", False, "ProcessesStarting",
+                          observed.problem or "starting the cell API and workers")
+    elif standby_problems and not was_serving:
+        phase = "Provisioning"
+        ready = condition("Ready", False, "StandbyNotStreaming", "; ".join(standby_problems))
+    else:
+        phase = "Draining" if observed.draining else "Degraded" if standby_problems else "Ready"
+        ready = condition("Ready", True, "Serving",
+                          f"primary site {observed.active_site} serves under epoch "
+                          f"{observed.epoch}")
+    degraded = (condition("Degraded", True, "StandbyNotStreaming", "; ".join(standby_problems))
+                if standby_problems and phase in SERVING_PHASES
+                else condition("Degraded", False, "FullRedundancy" if observed.standby_regions
+                               else "NoStandbyConfigured",
+                               "every standby streams" if observed.standby_regions
+                               else "this cell has no standby regions"))
+    conditions = set_condition(current_conditions, ready, now=now)
+    conditions = set_condition(conditions, degraded, now=now)
+    status: dict[str, Any] = {
+        "phase": phase,
+        "observedGeneration": generation,
+        "activeRegion": observed.active_region,
+        "activeSite": observed.active_site,
+        "conditions": conditions,
+        "standbys": [
+            {"region": r.region, "streaming": r.streaming, "message": r.message,
+             **({"lagSeconds": round(r.lag_seconds, 3)} if r.lag_seconds is not None else {})}
+            for r in sorted(observed.standbys, key=lambda r: r.region)
+            if r.region in observed.standby_regions
+        ],
+    }
+    if observed.epoch is not None:
+        status["epoch"] = observed.epoch
+    lags = [r.lag_seconds for r in observed.standbys if r.lag_seconds is not None]
+    if lags:
+        status["standbyLagSeconds"] = round(max(lags), 3)
+    if phase in SERVING_PHASES and observed.api_endpoint and observed.admin_endpoint:
+        status["endpoints"] = {"api": observed.api_endpoint, "admin": observed.admin_endpoint}
+    return status

@@ -50,6 +50,9 @@ UNAVAILABLE_PHASES = frozenset({"Draining", "FailingOver", "Degraded", "Fenced",
 what the leader reports for a Cell with a deletion timestamp."""
 
 
+_STARTING_PHASES = frozenset({"", "Pending", "Provisioning"})
+
+
 class RegionPolicy(str, Enum):
     # Values as the Tenant CRD spells them (api/v1alpha1.py).
     SINGLE_REGION = "SINGLE_REGION"
@@ -78,6 +81,8 @@ class UnplaceableReason(StrEnum):
 
 
 class WaitReason(StrEnum):
+    NO_READY_CELL = "NoReadyCell"
+    """Shared cells of the home region exist but are still starting (Pending, Provisioning)."""
     DEDICATED_CELL_NOT_READY = "DedicatedCellNotReady"
     PINNED_CELL_NOT_READY = "PinnedCellNotReady"
 
@@ -209,7 +214,7 @@ def _listing(cells: Iterable[CellCandidate], show: Callable[[CellCandidate], str
 
 
 def _no_shared_cell(request: PlacementRequest, region_cells: Collection[CellCandidate],
-                    regions_with_shared_cells: Collection[Region]) -> Unplaceable:
+                    regions_with_shared_cells: Collection[Region]) -> Unplaceable | WaitForCell:
     """Why no shared cell of the home region takes the tenant (``region_cells``:
     the shared cells of the home region, whatever their state)."""
     region, wanted = request.home_region, request.max_running
@@ -220,6 +225,14 @@ def _no_shared_cell(request: PlacementRequest, region_cells: Collection[CellCand
                            + (f" (shared cells exist in {', '.join(elsewhere)})" if elsewhere
                               else "") + "; create one or change spec.homeRegion")
     available = [c for c in region_cells if c.available]
+    starting = sorted((c for c in region_cells if not c.draining and c.phase in _STARTING_PHASES),
+                      key=lambda c: c.name)
+    if not available and starting:
+        # A cell that is still starting will take the tenant: a wait, not a refusal.
+        return WaitForCell(starting[0].name, WaitReason.NO_READY_CELL,
+                           f"no shared cell in region {region} is Ready yet ("
+                           + _listing(starting, lambda c: f"is {c.describe()}")
+                           + "); the tenant is placed when one is")
     if not available:
         return Unplaceable(UnplaceableReason.NO_CELL_IN_REGION,
                            f"no Ready shared cell in region {region}: "

@@ -114,6 +114,11 @@ class ManagedProcess:
             )
 
     @property
+    def returncode(self) -> int | None:
+        """The exit status once the program has exited; None while it runs (or never ran)."""
+        return self._popen.poll() if self._popen is not None else None
+
+    @property
     def running(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
 

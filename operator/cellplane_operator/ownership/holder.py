@@ -69,7 +69,8 @@ class HolderIdentity:
 class LeaseHolder:
     def __init__(self, table: OwnershipTable, identity: HolderIdentity, actor: GroupActor, *,
                  settings: LeaseSettings, clock: MonotonicClock,
-                 takeover_delay_seconds: float = 0.0, compete: bool = True) -> None:
+                 takeover_delay_seconds: float = 0.0, compete: bool = True,
+                 adopt_own_lease: bool = False) -> None:
         self._table = table
         self._identity = identity
         self._actor = actor
@@ -78,6 +79,15 @@ class LeaseHolder:
         self._takeover_delay = takeover_delay_seconds
         self.compete = compete
         """False keeps this holder observing only (e.g. its standby is too far behind)."""
+        self._may_adopt = adopt_own_lease
+        """At the first read, continue a live lease whose owner record names our identity.
+
+        Safe only when the caller knows that no other process with this identity
+        runs: the regional operator holds an exclusive lock on its state
+        directory for its lifetime, so a record with its identity can only be
+        its dead predecessor's. Adopting keeps the epoch, so the cell's
+        processes (which carry the epoch) keep running through an operator
+        restart instead of stopping for a lease and a margin."""
         self.state = LeaseState()
         self._changed = asyncio.Event()
         self._wake = asyncio.Event()
@@ -136,6 +146,12 @@ class LeaseHolder:
         if self.state.role is Role.OWNER:
             await self._renew()
         owner, epoch = await self._table.read(self._identity.cell)
+        if self._may_adopt:
+            self._may_adopt = False
+            if (owner is not None and self.state.role is not Role.OWNER
+                    and (owner.region, owner.site) == (self._identity.region, self._identity.site)):
+                await self._adopt(owner)
+                return
         before = self.state.role
         self._set(observe(self.state, owner=owner, epoch=epoch, now=self._clock.monotonic()))
         if before is Role.OWNER and self.state.role is not Role.OWNER:
@@ -166,6 +182,25 @@ class LeaseHolder:
                  self._identity.site)
         self._acting_epoch = record.epoch
         await self._actor.start_acting(record.epoch, remaining)
+
+    async def _adopt(self, owner: OwnerRecord) -> None:
+        """Continue our predecessor's lease: renew it once, then own under its epoch."""
+        sent_at = self._clock.monotonic()
+        ttl = await self._table.store.keep_alive(owner.lease_id)
+        if ttl <= 0:
+            log.info("%s: the previous holder's lease had ended; competing as usual",
+                     self._identity.cell)
+            return
+        self._set(acquired(self.state, epoch=owner.epoch, lease_id=owner.lease_id,
+                           sent_at=sent_at, ttl=ttl))
+        self._renewal_due = sent_at + self._settings.renew_interval_seconds
+        remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
+        if remaining <= 0:
+            return
+        log.info("%s: adopted the live lease of epoch %d from this site's previous holder",
+                 self._identity.cell, owner.epoch)
+        self._acting_epoch = owner.epoch
+        await self._actor.start_acting(owner.epoch, remaining)
 
     async def _renew(self) -> None:
         assert self.state.lease_id is not None and self.state.epoch is not None

@@ -21,10 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-import aetcd
+# The operator forks programs (initdb, postgres, the cell's processes) while its
+# gRPC channels to etcd are busy. grpcio's fork handlers then start a poller
+# thread in the child between fork and exec, and that child crashes (SIGSEGV in
+# cygrpc's event_engine: 3 of 12 initdb runs in one test module, seen in dmesg;
+# grpc/grpc#43055). The child never uses gRPC: it execs at once. So gRPC's fork
+# support is turned off, before grpc is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import aetcd  # noqa: E402  (after the fork setting above)
 
 from cellplane_operator.errors import StoreError, StoreUnavailableError
 from cellplane_operator.store.base import Compare, Delete, Put, VersionedValue, WatchEvent
@@ -116,6 +125,13 @@ class EtcdStore:
         if result is None:
             return None
         return VersionedValue(bytes(result.value), int(result.mod_revision), int(result.version))
+
+    async def get_prefix(self, prefix: str) -> dict[str, VersionedValue]:
+        """Every key under ``prefix`` with its value, read linearizably at one revision."""
+        result = await self._call(f"get prefix {prefix}", lambda c: c.get_prefix(prefix.encode()))
+        return {bytes(kv.key).decode(): VersionedValue(bytes(kv.value), int(kv.mod_revision),
+                                                      int(kv.version))
+                for kv in result.kvs}
 
     async def put(self, key: str, value: bytes) -> int:
         result = await self._call(f"put {key}", lambda c: c.put(key.encode(), value))

@@ -1,0 +1,26 @@
+"""Named crash points for fault-injection tests, off unless CELLPLANE_FAILPOINTS names them.
+
+A test starts the operator with ``CELLPLANE_FAILPOINTS=tenant-after-record`` (or
+``tenant-after-record@team-a/acme`` for one tenant only) and
+the process dies at that point as abruptly as a SIGKILL would (``os._exit``:
+no cleanup, no finally blocks), so the test can restart it and check that the
+work resumes from the state left behind and is never done twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["failpoint"]
+
+EXIT_CODE = 86
+
+
+def failpoint(name: str, subject: str = "") -> None:
+    """Exits if ``name`` is enabled, for any subject, or as ``name@subject`` for this one."""
+    enabled = os.environ.get("CELLPLANE_FAILPOINTS", "")
+    if enabled and (name in enabled.split(",") or f"{name}@{subject}" in enabled.split(",")):
+        logging.getLogger(__name__).critical("failpoint %s (%s): exiting now", name, subject)
+        logging.shutdown()
+        os._exit(EXIT_CODE)

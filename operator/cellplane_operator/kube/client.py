@@ -1,0 +1,156 @@
+"""The Kubernetes REST calls the operator makes, over one pooled HTTP/1.1 client.
+
+The official client is synchronous and large; the operator needs eight verbs
+on five resources, so they are written out here, and every refusal becomes a
+``KubeApiError`` carrying the apiserver's status, reason and message.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from cellplane_operator.errors import KubeApiError, KubeConflictError, KubeNotFoundError
+from cellplane_operator.kube.config import KubeConfig
+
+__all__ = ["KubeClient", "Resource", "CELLS", "TENANTS", "TENANTMOVES", "SECRETS", "NAMESPACES",
+           "EVENTS"]
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        if self.namespaced:
+            if namespace is None:
+                raise ValueError(f"{self.plural} are namespaced: a namespace is needed")
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+            if subresource is not None:
+                base += f"/{subresource}"
+        return base
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+CELLS = Resource("cellplane.io", "v1alpha1", "cells", "Cell", namespaced=False)
+TENANTS = Resource("cellplane.io", "v1alpha1", "tenants", "Tenant", namespaced=True)
+TENANTMOVES = Resource("cellplane.io", "v1alpha1", "tenantmoves", "TenantMove", namespaced=True)
+SECRETS = Resource("", "v1", "secrets", "Secret", namespaced=True)
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
+
+_PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json"}
+
+
+class KubeClient:
+    def __init__(self, config: KubeConfig, *, timeout_seconds: float = 10.0,
+                 user_agent: str = "cellplane-operator") -> None:
+        self.config = config
+        self._http = httpx.AsyncClient(
+            base_url=config.server, verify=config.ssl_context(), timeout=timeout_seconds,
+            headers={"User-Agent": user_agent, "Accept": "application/json"},
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32))
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def get(self, resource: Resource, name: str, *, namespace: str | None = None
+                  ) -> dict[str, Any] | None:
+        try:
+            return await self._request("GET", resource.path(namespace, name))
+        except KubeNotFoundError:
+            return None
+
+    async def list(self, resource: Resource, *, namespace: str | None = None,
+                   label_selector: str | None = None) -> list[dict[str, Any]]:
+        path = (resource.path(namespace) if namespace or not resource.namespaced
+                else resource.path("_").replace("/namespaces/_", ""))
+        params = {"labelSelector": label_selector} if label_selector else None
+        found = await self._request("GET", path, params=params)
+        return list(found.get("items") or [])
+
+    async def create(self, resource: Resource, body: Mapping[str, Any], *,
+                     namespace: str | None = None) -> dict[str, Any]:
+        document = {"apiVersion": resource.api_version, "kind": resource.kind, **body}
+        return await self._request("POST", resource.path(namespace), json_body=document)
+
+    async def patch(self, resource: Resource, name: str, patch: Any, *,
+                    namespace: str | None = None, subresource: str | None = None,
+                    patch_type: Literal["merge", "json"] = "merge") -> dict[str, Any]:
+        return await self._request("PATCH", resource.path(namespace, name, subresource),
+                                   json_body=patch, content_type=_PATCH_TYPES[patch_type])
+
+    async def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
+                     propagation: str = "Background") -> bool:
+        """True if a deletion was accepted (or is under way), False if the object was absent."""
+        try:
+            await self._request("DELETE", resource.path(namespace, name),
+                                json_body={"propagationPolicy": propagation})
+        except KubeNotFoundError:
+            return False
+        return True
+
+    async def event(self, involved: Mapping[str, Any], *, type_: Literal["Normal", "Warning"],
+                    reason: str, message: str, component: str,
+                    now: datetime.datetime) -> None:
+        """A core/v1 Event about ``involved`` (an object as read), shown by ``kubectl describe``."""
+        meta = involved.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        stamp = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.create(EVENTS, {
+            "metadata": {"name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:16]}",
+                         "namespace": namespace},
+            "involvedObject": {"apiVersion": involved.get("apiVersion"),
+                               "kind": involved.get("kind"), "name": meta.get("name"),
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": component}, "reportingComponent": component,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }, namespace=namespace)
+
+    async def _request(self, method: str, path: str, *, json_body: Any = None,
+                       content_type: str = "application/json",
+                       params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        headers = {"Content-Type": content_type}
+        if token := self.config.bearer_token():
+            headers["Authorization"] = f"Bearer {token}"
+        content = None if json_body is None else json.dumps(json_body).encode()
+        try:
+            response = await self._http.request(method, path, content=content, headers=headers,
+                                                params=params)
+        except httpx.HTTPError as error:
+            raise KubeApiError(f"{method} {path}: {error!r}") from None
+        if response.status_code < 300:
+            return dict(response.json()) if response.content else {}
+        raise _refusal(method, path, response)
+
+
+def _refusal(method: str, path: str, response: httpx.Response) -> KubeApiError:
+    try:
+        status = response.json()
+        message, reason = str(status.get("message", "")), str(status.get("reason", ""))
+    except ValueError:
+        message, reason = response.text[:500], ""
+    text = f"{method} {path}: {response.status_code} {reason}: {message}"
+    kind: type[KubeApiError] = {404: KubeNotFoundError, 409: KubeConflictError}.get(
+        response.status_code, KubeApiError)
+    return kind(text, status=response.status_code, reason=reason)

@@ -1,0 +1,118 @@
+"""Placement records: tenant -> (cell, epoch), one etcd key per tenant.
+
+    /cellplane/tenants/<namespace>/<name>  {"cell", "epoch", "tenantId", "uid", "maxRunning"}
+
+Every write is a transaction that also compares the placement election's
+owner key with the writer's own record (``guard``): a leader that lost the
+election cannot write after its successor won. A record is created only if the
+key is absent, and changed only at the revision it was read at, so two
+decisions about one tenant can never both land.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+from cellplane_operator.errors import StoreUnavailableError
+from cellplane_operator.store import Compare, Delete, EtcdStore, Put
+
+__all__ = ["TenantKey", "PlacementRecord", "PlacementRecords", "TENANTS_PREFIX"]
+
+TENANTS_PREFIX = "/cellplane/tenants/"
+
+
+class TenantKey(NamedTuple):
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    cell: str
+    epoch: int
+    """The tenant's epoch: 1 at first placement, +1 at every move's cutover."""
+    tenant_id: str
+    """The tenant's id inside its cell's database."""
+    uid: str
+    """The Tenant object's uid: a Tenant deleted and created again is a new tenant."""
+    max_running: int
+    """Worker slots the tenant may take in its cell, for the cell's load."""
+
+    def encode(self) -> bytes:
+        body = asdict(self)
+        return json.dumps({"cell": body["cell"], "epoch": body["epoch"],
+                           "tenantId": body["tenant_id"], "uid": body["uid"],
+                           "maxRunning": body["max_running"]}, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> PlacementRecord:
+        body = json.loads(raw)
+        return cls(cell=str(body["cell"]), epoch=int(body["epoch"]),
+                   tenant_id=str(body["tenantId"]), uid=str(body["uid"]),
+                   max_running=int(body["maxRunning"]))
+
+
+class Stored(NamedTuple):
+    record: PlacementRecord
+    mod_revision: int
+
+
+class PlacementRecords:
+    def __init__(self, store: EtcdStore, *, prefix: str = TENANTS_PREFIX) -> None:
+        self._store = store
+        self._prefix = prefix
+
+    def key(self, tenant: TenantKey) -> str:
+        return f"{self._prefix}{tenant.namespace}/{tenant.name}"
+
+    async def read(self, tenant: TenantKey) -> Stored | None:
+        found = await self._store.get(self.key(tenant))
+        return None if found is None else Stored(PlacementRecord.decode(found.value),
+                                                 found.mod_revision)
+
+    async def read_all(self) -> dict[TenantKey, Stored]:
+        found = await self._store.get_prefix(self._prefix)
+        records: dict[TenantKey, Stored] = {}
+        for key, value in found.items():
+            namespace, _, name = key[len(self._prefix):].partition("/")
+            records[TenantKey(namespace, name)] = Stored(PlacementRecord.decode(value.value),
+                                                         value.mod_revision)
+        return records
+
+    async def create(self, tenant: TenantKey, record: PlacementRecord, *,
+                     guard: list[Compare]) -> bool:
+        """True if this call placed the tenant; False if a record existed or the guard failed."""
+        return await self._write(tenant, record, [Compare(self.key(tenant), "version", 0)],
+                                 [Put(self.key(tenant), record.encode())], guard, "place")
+
+    async def replace(self, tenant: TenantKey, record: PlacementRecord, *, mod_revision: int,
+                      guard: list[Compare]) -> bool:
+        return await self._write(tenant, record,
+                                 [Compare(self.key(tenant), "mod_revision", mod_revision)],
+                                 [Put(self.key(tenant), record.encode())], guard, "update")
+
+    async def delete(self, tenant: TenantKey, record: PlacementRecord, *,
+                     guard: list[Compare]) -> bool:
+        return await self._write(tenant, None,
+                                 [Compare(self.key(tenant), "value", record.encode())],
+                                 [Delete(self.key(tenant))], guard, "remove")
+
+    async def _write(self, tenant: TenantKey, expected: PlacementRecord | None,
+                     compares: list[Compare], operations: list[Put | Delete],
+                     guard: list[Compare], what: str) -> bool:
+        try:
+            return await self._store.transaction([*guard, *compares], operations,
+                                                 what=f"{what} tenant {tenant}")
+        except StoreUnavailableError:
+            # Unknown outcome: the key itself says whether the write landed.
+            current = await self.read(tenant)
+            landed = (current is None if expected is None
+                      else current is not None and current.record == expected)
+            if landed:
+                return True
+            raise

@@ -1,0 +1,80 @@
+"""What every controller of one regional operator shares: its adapters, clock and settings."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cellplane_operator.cellclient import CellAdminClient
+from cellplane_operator.clock import Clock
+from cellplane_operator.errors import KubeApiError, KubeConflictError
+from cellplane_operator.kube import NAMESPACES, SECRETS, KubeClient
+from cellplane_operator.runtime.cache import ObjectCache
+from cellplane_operator.settings import OperatorSettings
+from cellplane_operator.sites.base import SiteDriver
+from cellplane_operator.sites.reports import SiteReports
+from cellplane_operator.store import EtcdStore
+
+__all__ = ["RegionContext", "FINALIZER", "COMPONENT"]
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "cellplane.io/placement"
+COMPONENT = "cellplane-operator"
+
+
+@dataclass
+class RegionContext:
+    settings: OperatorSettings
+    store: EtcdStore
+    kube: KubeClient
+    driver: SiteDriver
+    clock: Clock
+    cells: CellAdminClient
+    cache: ObjectCache
+    reports: SiteReports
+
+    @property
+    def region(self) -> str:
+        return self.settings.region
+
+    async def event(self, involved: dict[str, Any], type_: Literal["Normal", "Warning"],
+                    reason: str, message: str) -> None:
+        """Best effort: an Event that cannot be posted is logged, never fatal."""
+        log.info("%s %s/%s: %s: %s", type_, involved.get("kind"),
+                 (involved.get("metadata") or {}).get("name"), reason, message)
+        try:
+            await self.kube.event(involved, type_=type_, reason=reason, message=message,
+                                  component=f"{COMPONENT}/{self.region}", now=self.clock.now())
+        except KubeApiError as error:
+            log.warning("could not post event %s: %s", reason, error)
+
+    async def cell_admin_token(self, cell: str) -> str:
+        """The cell's admin token, kept in a Secret; made by whoever asks first."""
+        name = f"cell-{cell}-admin"
+        namespace = self.settings.namespace
+        found = await self.kube.get(SECRETS, name, namespace=namespace)
+        if found is None:
+            await self._ensure_namespace(namespace)
+            token = secrets.token_urlsafe(32)
+            try:
+                await self.kube.create(SECRETS, {
+                    "metadata": {"name": name, "namespace": namespace,
+                                 "labels": {"cellplane.io/cell": cell}},
+                    "type": "Opaque", "stringData": {"token": token}}, namespace=namespace)
+                return token
+            except KubeConflictError:
+                found = await self.kube.get(SECRETS, name, namespace=namespace)
+            if found is None:
+                raise KubeApiError(f"secret {namespace}/{name} vanished while being created")
+        return base64.b64decode(found["data"]["token"]).decode()
+
+    async def _ensure_namespace(self, namespace: str) -> None:
+        if await self.kube.get(NAMESPACES, namespace) is None:
+            try:
+                await self.kube.create(NAMESPACES, {"metadata": {"name": namespace}})
+            except KubeConflictError:
+                pass

@@ -1,0 +1,102 @@
+"""Cell and Tenant objects read into the plain values the controllers work with.
+
+The apiserver has validated every spec against the CRD schema (generated from
+``api.v1alpha1``), and the same models parse it here, defaults included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from cellplane_cells.domain.plans import Plan, Quotas, quotas_for
+
+from cellplane_operator.api import v1alpha1
+from cellplane_operator.domain.cells import Tier
+from cellplane_operator.domain.ownership import LeaseSettings
+from cellplane_operator.domain.placement import RegionPolicy
+
+__all__ = ["CellSettings", "TenantSettings"]
+
+
+def _text(value: Any) -> str:
+    return str(value.value if isinstance(value, Enum) else value)
+
+
+@dataclass(frozen=True)
+class CellSettings:
+    name: str
+    region: str
+    tier: Tier
+    tenant_capacity: int
+    worker_slots: int
+    standby_regions: tuple[str, ...]
+    max_standby_lag_seconds: float
+    lease: LeaseSettings
+    worker_processes: int
+    allow_private_targets: bool
+    draining: bool
+
+    @property
+    def slots_per_worker(self) -> int:
+        return max(1, math.ceil(self.worker_slots / self.worker_processes))
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> CellSettings:
+        spec = v1alpha1.CellSpec.model_validate(body["spec"])
+        return cls(
+            name=body["metadata"]["name"], region=spec.region, tier=Tier(_text(spec.tier)),
+            tenant_capacity=spec.capacity.tenants, worker_slots=spec.capacity.worker_slots,
+            standby_regions=tuple(spec.standby_regions),
+            max_standby_lag_seconds=float(spec.failover.max_standby_lag_seconds),
+            lease=LeaseSettings(duration_seconds=float(spec.lease.duration_seconds),
+                                renew_interval_seconds=float(spec.lease.renew_interval_seconds),
+                                margin_seconds=float(spec.lease.margin_seconds)),
+            worker_processes=spec.driver.worker_processes,
+            allow_private_targets=spec.driver.allow_private_targets,
+            draining=spec.draining)
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    plan: Plan
+    isolation: Tier
+    home_region: str
+    region_policy: RegionPolicy
+    pinned_cell: str | None
+    deletion_policy: str
+    targets: tuple[tuple[str, str], ...]
+    webhooks: tuple[tuple[str, int], ...]
+    overrides: dict[str, Any]
+
+    def quotas(self) -> Quotas:
+        """The plan's quotas with the overrides; ValueError if one is over the plan's ceiling."""
+        return quotas_for(self.plan, **self.overrides)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> TenantSettings:
+        meta = body["metadata"]
+        spec = v1alpha1.TenantSpec.model_validate(body["spec"])
+        overrides: dict[str, Any] = {}
+        if spec.quotas is not None:
+            for ours, theirs in (("max_running", "max_running_jobs"),
+                                 ("jobs_per_second", "jobs_per_second"), ("burst", "burst"),
+                                 ("daily_spend_limit", "daily_spend_limit")):
+                value = getattr(spec.quotas, theirs)
+                if value is not None:
+                    overrides[ours] = value
+        return cls(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+            generation=int(meta.get("generation", 0)), plan=Plan(_text(spec.plan)),
+            isolation=Tier(_text(spec.isolation)), home_region=spec.home_region,
+            region_policy=RegionPolicy(_text(spec.region_policy)), pinned_cell=spec.cell,
+            deletion_policy=_text(spec.deletion_policy),
+            targets=tuple((t.name, str(t.url)) for t in spec.targets),
+            webhooks=tuple((str(w.url), w.max_concurrency) for w in spec.webhooks),
+            overrides=overrides)

@@ -1,0 +1,498 @@
+"""The placement leader's controller: tenants placed, provisioned in their cells, and removed.
+
+Runs only while this operator holds the placement election. Each reconcile of
+a tenant reads (the Tenant, its placement record, the cells), plans (pure
+placement and status), acts (etcd record first, then the Secret and the cell's
+admin API, all idempotent) and reports (status, conditions, Events). A crash
+at any point leaves either no record (nothing was done) or a record that the
+next reconcile continues from: a tenant is never placed twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
+
+from cellplane_operator.domain.cells import SERVING_PHASES, CellName, Region, Tier
+from cellplane_operator.domain.placement import (
+    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads, place,
+    tenant_id,
+)
+from cellplane_operator.domain.tenants import TenantProgress, plan_tenant_status
+from cellplane_operator.errors import CellplaneError, KubeConflictError
+from cellplane_operator.failpoints import failpoint
+from cellplane_operator.kube import CELLS, SECRETS, TENANTS
+from cellplane_operator.placement.election import Leadership, NotLeaderError
+from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, Stored, TenantKey
+from cellplane_operator.runtime.context import FINALIZER, RegionContext
+from cellplane_operator.runtime.specs import CellSettings, TenantSettings
+
+__all__ = ["TenantController", "CellKey"]
+
+log = logging.getLogger(__name__)
+
+_MAX_BACKOFF_SECONDS = 30.0
+
+
+class CellKey(NamedTuple):
+    name: str
+
+
+Key = TenantKey | CellKey
+
+
+class TenantController:
+    def __init__(self, ctx: RegionContext, leadership: Leadership) -> None:
+        self._ctx = ctx
+        self._leadership = leadership
+        self._store = PlacementRecords(ctx.store)
+        self._records: dict[TenantKey, Stored] = {}
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._backoff: dict[Key, float] = {}
+        self._placing = asyncio.Lock()
+        self._provisioned: dict[TenantKey, tuple[int, str, int]] = {}
+        self._announced: dict[Key, str] = {}
+
+    # -- scheduling --------------------------------------------------------------
+
+    def enqueue(self, key: Key) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def _retry_later(self, key: Key) -> None:
+        delay = min(self._backoff.get(key, 0.5) * 2, _MAX_BACKOFF_SECONDS)
+        self._backoff[key] = delay
+        asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+
+    def tenant_changed(self, key: TenantKey) -> None:
+        self._backoff.pop(key, None)
+        self.enqueue(key)
+
+    def cell_changed(self, name: str, before: dict[str, Any] | None,
+                     body: dict[str, Any] | None) -> None:
+        """A cell's state moved: its tenants and every unplaced tenant may move on now.
+
+        Only a change that placement or provisioning depends on (spec, phase,
+        endpoints, deletion) wakes the tenants: a cell's status also changes with
+        every standby lag reading, and waking thousands of tenants for that would
+        be all cost and no effect."""
+        if body is not None:
+            self.enqueue(CellKey(name))
+        if before is not None and body is not None and _placement_view(before) == _placement_view(body):
+            return
+        for key, stored in list(self._records.items()):
+            if stored.record.cell == name:
+                self.enqueue(key)
+        for key in list(self._ctx.cache.tenants):
+            if key not in self._records:
+                self.enqueue(key)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if not self._leadership.leading:
+                await _first(stop, self._leadership.changed)
+                self._leadership.changed.clear()
+                continue
+            await self._lead(stop)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        try:
+            self._records = await self._store.read_all()
+        except CellplaneError as error:
+            log.warning("cannot read placement records: %s", error)
+            await _first(stop, asyncio.Event(), timeout=1.0)
+            return
+        self._provisioned.clear()
+        log.info("placement leader: %d tenant(s) placed", len(self._records))
+        for key in list(self._ctx.cache.tenants):
+            self.enqueue(key)
+        for name in list(self._ctx.cache.cells):
+            self.enqueue(CellKey(name))
+        workers = [asyncio.create_task(self._work()) for _ in range(self._ctx.settings.tenant_workers)]
+        resync = asyncio.create_task(self._resync())
+        try:
+            while not stop.is_set() and self._leadership.leading:
+                self._leadership.changed.clear()
+                await _first(stop, self._leadership.changed)
+        finally:
+            for task in (*workers, resync):
+                task.cancel()
+            await asyncio.gather(*workers, resync, return_exceptions=True)
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self._ctx.settings.resync_seconds)
+            for key in list(self._ctx.cache.tenants):
+                self.enqueue(key)
+            for name in list(self._ctx.cache.cells):
+                self.enqueue(CellKey(name))
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            if key in self._active:
+                self._dirty.add(key)
+                continue
+            self._active.add(key)
+            try:
+                if isinstance(key, CellKey):
+                    await self._reconcile_cell(key)
+                else:
+                    await self._reconcile(key)
+            except NotLeaderError:
+                pass
+            except CellplaneError as error:
+                log.warning("%s: %s", key, error)
+                self._retry_later(key)
+            except Exception:
+                log.exception("reconcile of %s failed", key)
+                self._retry_later(key)
+            finally:
+                self._active.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.enqueue(key)
+
+    # -- tenants -------------------------------------------------------------------
+
+    async def _reconcile(self, key: TenantKey) -> None:
+        body = self._ctx.cache.tenants.get(key)
+        if body is None:
+            return
+        if body["metadata"].get("deletionTimestamp"):
+            await self._remove(key, body)
+            return
+        try:
+            tenant = TenantSettings.from_body(body)
+            quotas = tenant.quotas()
+        except (ValueError, ValidationError) as error:
+            await self._report(key, body, TenantProgress("Unplaceable", "InvalidSpec", str(error)))
+            return
+        await self._ensure_finalizer(TENANTS, body)
+        stored = self._records.get(key)
+        if stored is not None and stored.record.uid != tenant.uid:
+            # A Tenant of the same name that was removed without our finalizer.
+            await self._store.delete(key, stored.record, guard=self._leadership.guard())
+            self._records.pop(key, None)
+            stored = None
+        if stored is None:
+            placed = await self._place(key, body, tenant, quotas.max_running)
+            if isinstance(placed, TenantProgress):
+                await self._report(key, body, placed)
+                self._retry_later(key)
+                return
+            stored = placed
+        record = stored.record
+        progress = dict(cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id,
+                        quotas=quotas)
+        if tenant.isolation is Tier.DEDICATED:
+            await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running)
+        cell = self._ctx.cache.cells.get(record.cell)
+        cell_status = (cell or {}).get("status") or {}
+        phase, endpoints = cell_status.get("phase"), cell_status.get("endpoints") or {}
+        if cell is None or phase not in SERVING_PHASES or not endpoints.get("admin"):
+            await self._report(key, body, TenantProgress(
+                "Provisioning", "CellNotReady",
+                f"cell {record.cell} is {phase or 'not reporting yet'}; the tenant is provisioned "
+                "there once it serves", **progress))  # type: ignore[arg-type]
+            self._retry_later(key)
+            return
+        applied = (tenant.generation, record.cell, record.epoch)
+        secret_name = _secret_name(tenant)
+        if self._provisioned.get(key) != applied:
+            secret_name, api_key, webhook_secret = await self._ensure_secret(body, tenant, record)
+            failpoint("tenant-after-secret", str(key))
+            await self._provision(tenant, record, endpoints["admin"], api_key, webhook_secret)
+            failpoint("tenant-after-provision", str(key))
+            if record.max_running != quotas.max_running:
+                await self._update_record(key, stored, quotas.max_running)
+            first = key not in self._provisioned and cell_status.get("phase") is not None
+            self._provisioned[key] = applied
+            await self._ctx.event(body, "Normal", "Provisioned" if first else "QuotasApplied",
+                                  f"tenant {record.tenant_id} in cell {record.cell}: "
+                                  f"{quotas.max_running} running, {quotas.jobs_per_second:g} jobs/s, "
+                                  f"burst {quotas.burst} (generation {tenant.generation})")
+        self._backoff.pop(key, None)
+        await self._report(key, body, TenantProgress(
+            "Degraded" if phase == "Degraded" else "Ready", "Provisioned", "",
+            api_endpoint=endpoints.get("api"), api_key_secret=secret_name,
+            cell_degraded=phase == "Degraded", **progress))  # type: ignore[arg-type]
+
+    async def _place(self, key: TenantKey, body: dict[str, Any], tenant: TenantSettings,
+                     max_running: int) -> Stored | TenantProgress:
+        async with self._placing:
+            if (stored := self._records.get(key)) is not None:
+                return stored
+            request = PlacementRequest(
+                namespace=tenant.namespace, name=tenant.name, isolation=tenant.isolation,
+                home_region=Region(tenant.home_region), region_policy=tenant.region_policy,
+                max_running=max_running, pinned_cell=tenant.pinned_cell)
+            outcome = place(request, self._candidates())
+            if isinstance(outcome, Unplaceable):
+                return TenantProgress("Unplaceable", outcome.reason, outcome.message)
+            if isinstance(outcome, WaitForCell) and tenant.isolation is Tier.SHARED:
+                return TenantProgress("Placing", outcome.reason, outcome.message)
+            record = PlacementRecord(cell=outcome.cell, epoch=1,
+                                     tenant_id=tenant_id(tenant.namespace, tenant.name),
+                                     uid=tenant.uid, max_running=max_running)
+            await self._store.create(key, record, guard=self._leadership.guard())
+            stored = await self._store.read(key)
+            if stored is None:
+                raise NotLeaderError(f"placement of {key} was refused: the election moved on")
+            self._records[key] = stored
+            failpoint("tenant-after-record", str(key))
+            await self._ctx.event(body, "Normal", "Placed",
+                                  f"placed in {tenant.isolation.value} cell {stored.record.cell} "
+                                  f"at epoch {stored.record.epoch}")
+            await self._publish_load(stored.record.cell)
+            return stored
+
+    def _candidates(self) -> list[CellCandidate]:
+        loads = cell_loads([(s.record.cell, s.record.max_running) for s in self._records.values()])
+        candidates: list[CellCandidate] = []
+        for name, body in self._ctx.cache.cells.items():
+            try:
+                cell = CellSettings.from_body(body)
+            except (ValueError, ValidationError):
+                continue
+            status = body.get("status") or {}
+            phase = "Deleting" if body["metadata"].get("deletionTimestamp") else \
+                str(status.get("phase") or "Pending")
+            tenants, slots = loads.get(name, (0, 0))
+            candidates.append(CellCandidate(
+                name=CellName(name), region=Region(cell.region), tier=cell.tier, ready=phase == "Ready",
+                phase=phase, draining=cell.draining, has_standby=bool(cell.standby_regions),
+                tenant_capacity=cell.tenant_capacity, worker_slots=cell.worker_slots,
+                tenants_placed=tenants, slots_in_use=slots))
+        return candidates
+
+    async def _ensure_dedicated_cell(self, body: dict[str, Any], tenant: TenantSettings,
+                                     cell: str, max_running: int) -> None:
+        if cell in self._ctx.cache.cells or await self._ctx.kube.get(CELLS, cell) is not None:
+            return
+        standby: list[str] = []
+        if tenant.region_policy is RegionPolicy.HOME_ASYNC:
+            others = [r for r in self._ctx.settings.regions if r != tenant.home_region]
+            if others:
+                after = [r for r in others if r > tenant.home_region]
+                standby = [(after or others)[0]]
+        meta = body["metadata"]
+        manifest = {
+            "metadata": {
+                "name": cell,
+                "labels": {"cellplane.io/tenant": tenant.name,
+                           "cellplane.io/tenant-namespace": tenant.namespace},
+                # A namespaced owner of a cluster-scoped object is recorded for people and
+                # tools; Kubernetes' garbage collector cannot act on it, so the operator
+                # deletes the cell itself (deletionPolicy Delete).
+                "ownerReferences": [{"apiVersion": body["apiVersion"], "kind": "Tenant",
+                                     "name": meta["name"], "uid": meta["uid"]}],
+            },
+            "spec": {"region": tenant.home_region, "tier": "dedicated",
+                     "capacity": {"tenants": 1, "workerSlots": max(max_running, 1)},
+                     "standbyRegions": standby},
+        }
+        try:
+            await self._ctx.kube.create(CELLS, manifest)
+        except KubeConflictError:
+            return
+        await self._ctx.event(body, "Normal", "DedicatedCellCreated",
+                              f"created dedicated cell {cell} in {tenant.home_region}"
+                              + (f" with a standby in {standby[0]}" if standby else ""))
+
+    async def _ensure_secret(self, body: dict[str, Any], tenant: TenantSettings,
+                             record: PlacementRecord) -> tuple[str, str, str]:
+        name = _secret_name(tenant)
+        found = await self._ctx.kube.get(SECRETS, name, namespace=tenant.namespace)
+        if found is None:
+            meta = body["metadata"]
+            data = {"api-key": "cpk_" + secrets.token_urlsafe(32),
+                    "webhook-secret": secrets.token_hex(32), "tenant-id": record.tenant_id}
+            try:
+                await self._ctx.kube.create(SECRETS, {
+                    "metadata": {"name": name, "namespace": tenant.namespace,
+                                 "labels": {"cellplane.io/tenant": tenant.name},
+                                 "ownerReferences": [{
+                                     "apiVersion": body["apiVersion"], "kind": "Tenant",
+                                     "name": meta["name"], "uid": meta["uid"],
+                                     "controller": True, "blockOwnerDeletion": True}]},
+                    "type": "Opaque", "stringData": data}, namespace=tenant.namespace)
+                return name, data["api-key"], data["webhook-secret"]
+            except KubeConflictError:
+                found = await self._ctx.kube.get(SECRETS, name, namespace=tenant.namespace)
+                if found is None:
+                    raise
+        data = {k: base64.b64decode(v).decode() for k, v in (found.get("data") or {}).items()}
+        if not data.get("api-key") or not data.get("webhook-secret"):
+            raise CellplaneError(f"secret {tenant.namespace}/{name} lacks api-key or webhook-secret")
+        return name, data["api-key"], data["webhook-secret"]
+
+    async def _provision(self, tenant: TenantSettings, record: PlacementRecord, admin: str,
+                         api_key: str, webhook_secret: str) -> None:
+        token = await self._ctx.cell_admin_token(record.cell)
+        cells = self._ctx.cells
+        body: dict[str, Any] = {"plan": tenant.plan.value, "api_key": api_key,
+                                **tenant.overrides}
+        await cells.put_tenant(admin, token, record.tenant_id, body)
+        for target_name, url in tenant.targets:
+            await cells.put_target(admin, token, record.tenant_id, target_name, url)
+        for url, concurrency in tenant.webhooks:
+            await cells.put_webhook(admin, token, record.tenant_id, url, webhook_secret, concurrency)
+
+    async def _update_record(self, key: TenantKey, stored: Stored, max_running: int) -> None:
+        record = stored.record
+        updated = PlacementRecord(cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id,
+                                  uid=record.uid, max_running=max_running)
+        if await self._store.replace(key, updated, mod_revision=stored.mod_revision,
+                                     guard=self._leadership.guard()):
+            fresh = await self._store.read(key)
+            if fresh is not None:
+                self._records[key] = fresh
+            await self._publish_load(record.cell)
+
+    async def _remove(self, key: TenantKey, body: dict[str, Any]) -> None:
+        if FINALIZER not in (body["metadata"].get("finalizers") or []):
+            return
+        tenant = TenantSettings.from_body(body)
+        stored = self._records.get(key)
+        if stored is not None:
+            record = stored.record
+            cell = self._ctx.cache.cells.get(record.cell)
+            purge = tenant.deletion_policy == "Delete"
+            if cell is not None:
+                status = cell.get("status") or {}
+                admin = (status.get("endpoints") or {}).get("admin")
+                if status.get("phase") not in SERVING_PHASES or not admin:
+                    await self._report(key, body, TenantProgress(
+                        "Deleting", "CellUnavailable",
+                        f"waiting for cell {record.cell} to serve, to remove the tenant from it",
+                        cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id))
+                    self._retry_later(key)
+                    return
+                token = await self._ctx.cell_admin_token(record.cell)
+                await self._ctx.cells.delete_tenant(admin, token, record.tenant_id, purge=purge)
+            await self._store.delete(key, record, guard=self._leadership.guard())
+            self._records.pop(key, None)
+            await self._publish_load(record.cell)
+            if tenant.isolation is Tier.DEDICATED and purge and cell is not None:
+                await self._ctx.kube.delete(CELLS, record.cell)
+            await self._ctx.event(body, "Normal", "Removed",
+                                  f"left cell {record.cell}; its data was "
+                                  + ("deleted" if purge else "kept, disabled (deletionPolicy Retain)"))
+        await self._ctx.kube.delete(SECRETS, _secret_name(tenant), namespace=tenant.namespace)
+        await self._drop_finalizer(TENANTS, body)
+        self._provisioned.pop(key, None)
+        self._announced.pop(key, None)
+
+    # -- cells -----------------------------------------------------------------------
+
+    async def _reconcile_cell(self, key: CellKey) -> None:
+        body = self._ctx.cache.cells.get(key.name)
+        if body is None:
+            return
+        if not body["metadata"].get("deletionTimestamp"):
+            await self._ensure_finalizer(CELLS, body)
+            await self._publish_load(key.name)
+            return
+        holding = sorted(str(k) for k, s in self._records.items() if s.record.cell == key.name)
+        if holding:
+            reason = "DeletionBlocked"
+            if self._announced.get(key) != reason:
+                self._announced[key] = reason
+                await self._ctx.event(body, "Warning", reason,
+                                      f"cell {key.name} still holds {len(holding)} tenant(s) "
+                                      f"({', '.join(holding[:5])}); move or delete them first")
+            return
+        await self._drop_finalizer(CELLS, body)
+        self._announced.pop(key, None)
+
+    async def _publish_load(self, cell: str) -> None:
+        """The cell's tenants and slots in use, from the records, if its status differs."""
+        tenants, slots = cell_loads([(s.record.cell, s.record.max_running)
+                                     for s in self._records.values()]).get(cell, (0, 0))
+        body = self._ctx.cache.cells.get(cell)
+        if body is None:
+            return
+        status = body.get("status") or {}
+        if status.get("tenants") == tenants and status.get("slotsInUse") == slots:
+            return
+        try:
+            await self._ctx.kube.patch(CELLS, cell, {"status": {"tenants": tenants,
+                                                                "slotsInUse": slots}},
+                                       subresource="status")
+        except CellplaneError as error:
+            log.warning("cannot publish the load of cell %s: %s", cell, error)
+
+    # -- reporting -------------------------------------------------------------------
+
+    async def _report(self, key: TenantKey, body: dict[str, Any], progress: TenantProgress) -> None:
+        current = body.get("status") or {}
+        status = plan_tenant_status(progress, generation=int(body["metadata"].get("generation", 0)),
+                                    current_conditions=current.get("conditions") or [],
+                                    now=self._ctx.clock.now())
+        if all(current.get(k) == v for k, v in status.items()):
+            return
+        meta = body["metadata"]
+        await self._ctx.kube.patch(TENANTS, meta["name"], {"status": status},
+                                   namespace=meta["namespace"], subresource="status")
+        if progress.phase not in ("Ready", "Degraded") and self._announced.get(key) != progress.reason:
+            self._announced[key] = progress.reason
+            warning = progress.phase in ("Unplaceable",)
+            await self._ctx.event(body, "Warning" if warning else "Normal", progress.reason,
+                                  progress.message)
+        elif progress.phase in ("Ready", "Degraded"):
+            self._announced.pop(key, None)
+
+    async def _ensure_finalizer(self, resource: Any, body: dict[str, Any]) -> None:
+        finalizers = list(body["metadata"].get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            await self._set_finalizers(resource, body, [*finalizers, FINALIZER])
+
+    async def _drop_finalizer(self, resource: Any, body: dict[str, Any]) -> None:
+        finalizers = list(body["metadata"].get("finalizers") or [])
+        if FINALIZER in finalizers:
+            await self._set_finalizers(resource, body, [f for f in finalizers if f != FINALIZER])
+
+    async def _set_finalizers(self, resource: Any, body: dict[str, Any], finalizers: list[str]) -> None:
+        meta = body["metadata"]
+        # resourceVersion makes the merge patch conditional: another writer's finalizer
+        # added meanwhile is a conflict (and a retry), never silently dropped.
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        try:
+            updated = await self._ctx.kube.patch(resource, meta["name"], patch,
+                                                 namespace=meta.get("namespace"))
+        except KubeConflictError:
+            raise CellplaneError(f"{meta['name']} changed while setting finalizers; retrying") from None
+        meta["finalizers"] = updated.get("metadata", {}).get("finalizers", finalizers)
+        meta["resourceVersion"] = updated.get("metadata", {}).get("resourceVersion",
+                                                                   meta["resourceVersion"])
+
+
+def _secret_name(tenant: TenantSettings) -> str:
+    return f"{tenant.name}-api-key"
+
+
+def _placement_view(body: dict[str, Any]) -> tuple[Any, ...]:
+    status = body.get("status") or {}
+    return (body.get("spec"), status.get("phase"), status.get("endpoints"),
+            status.get("tenants"), status.get("slotsInUse"),
+            body["metadata"].get("deletionTimestamp"))
+
+
+async def _first(stop: asyncio.Event, other: asyncio.Event, *, timeout: float | None = None) -> None:
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(other.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

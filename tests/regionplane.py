@@ -1,0 +1,185 @@
+"""Regional operators as real processes over a real apiserver, etcd and the local site driver.
+
+Each operator runs ``python -m cellplane_operator operator --region R`` with its
+own state directory; the sites it starts outlive it (as they would a real
+operator restart), so ``close`` stops the operators first and then every site
+process recorded under the state directories, and checks they are all gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
+from cellplane_operator.localplane.process import wait_for
+from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
+from cellplane_operator.sites.local import stop_all_sites
+from cellplane_operator.sites.reports import SiteReports
+from cellplane_operator.store import EtcdStore
+
+FAST_LEASE = {"durationSeconds": 2, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5}
+FAST_ELECTION = ["--election-lease-seconds", "2", "--election-renew-seconds", "0.5",
+                 "--election-margin-seconds", "0.5"]
+
+
+class RegionPlane:
+    def __init__(self, kube: LocalControlPlane, regions: tuple[str, ...] = ("region-a",)) -> None:
+        self.kube = kube
+        self.regions = regions
+        self.root = kube.run_dir / "regions"
+        self.operators: dict[str, ManagedProcess] = {}
+        self._started: list[ManagedProcess] = []
+        self.stopped_pids: list[int] = []
+
+    def state_dir(self, region: str) -> Path:
+        return self.root / region
+
+    def start_operator(self, region: str, *, env: dict[str, str] | None = None,
+                       log_suffix: str = "", register: bool = True) -> ManagedProcess:
+        """Starts an operator; ``register=False`` keeps ``operators[region]`` pointing at
+        the one already running (for a second process that is expected to fail)."""
+        etcd = ",".join(self.kube.etcd.endpoints)
+        process = ManagedProcess(
+            f"operator-{region}{log_suffix}",
+            [sys.executable, "-m", "cellplane_operator", "operator", "--region", region,
+             "--etcd", etcd, "--regions", ",".join(self.regions),
+             "--state-dir", str(self.state_dir(region)), "--resync-seconds", "5", *FAST_ELECTION],
+            log=self.kube.run_dir / "logs" / f"operator-{region}{log_suffix}.log",
+            env={"KUBECONFIG": str(self.kube.kubeconfig), **(env or {})},
+        )
+        process.start()
+        self._started.append(process)
+        if register:
+            self.operators[region] = process
+        return process
+
+    def close(self) -> list[int]:
+        for process in self._started:
+            process.stop()
+        pids: list[int] = []
+        for region in self.regions:
+            pids += stop_all_sites(self.state_dir(region))
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            raise AssertionError(f"site process {pid} outlived the test")
+        return pids
+
+    # -- kubectl -------------------------------------------------------------------
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.kube.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        args = ["get", kind, name, "-o", "json"]
+        if namespace:
+            args += ["-n", namespace]
+        result = self.kube.kubectl(*args, check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        found: dict[str, Any] = json.loads(result.stdout)
+        return found
+
+    def namespace(self, name: str) -> str:
+        self.kube.kubectl("create", "namespace", name, check=False)
+        return name
+
+    def await_status(self, kind: str, name: str, predicate: Callable[[dict[str, Any]], bool], *,
+                     namespace: str | None = None, timeout: float = 90, what: str = "") -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+
+        def holds() -> bool:
+            body = self.get(kind, name, namespace)
+            if body is None:
+                return False
+            seen.clear()
+            seen.update(body.get("status") or {})
+            return predicate(seen)
+
+        def alive() -> None:
+            for process in self.operators.values():
+                if process.running:
+                    return
+            raise AssertionError("no operator is running")
+
+        wait_for(holds, timeout=timeout, alive=alive,
+                 what=what or f"{kind} {name} to reach the expected status (last: {seen})")
+        return dict(seen)
+
+
+def cell(name: str, region: str = "region-a", *, tier: str = "shared", tenants: int = 10,
+         slots: int = 40, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "cellplane.io/v1alpha1", "kind": "Cell", "metadata": {"name": name},
+            "spec": {"region": region, "tier": tier,
+                     "capacity": {"tenants": tenants, "workerSlots": slots},
+                     "lease": FAST_LEASE, "driver": {"allowPrivateTargets": True}, **spec}}
+
+
+def tenant(name: str, namespace: str, *, plan: str = "pro", region: str = "region-a",
+           **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"plan": plan, "homeRegion": region, **spec}}
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    for entry in status.get("conditions") or []:
+        if entry["type"] == type_:
+            return dict(entry)
+    return {}
+
+
+def etcd(plane: RegionPlane, call: Any) -> Any:
+    async def run() -> Any:
+        store = EtcdStore(plane.kube.etcd.endpoints, timeout=5)
+        try:
+            return await call(store)
+        finally:
+            await store.close()
+    return asyncio.run(run())
+
+
+def records(plane: RegionPlane) -> dict[TenantKey, PlacementRecord]:
+    found = etcd(plane, lambda store: PlacementRecords(store).read_all())
+    return {key: stored.record for key, stored in found.items()}
+
+
+def cell_database(plane: RegionPlane, name: str, region: str = "region-a") -> str:
+    report = etcd(plane, lambda store: SiteReports(store).read(name, region))
+    assert report is not None and report.database is not None
+    return str(report.database.conninfo)
+
+
+def db_rows(conninfo: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return list(conn.execute(sql.encode(), params).fetchall())
+
+
+def secret_data(plane: RegionPlane, namespace: str, name: str) -> dict[str, str] | None:
+    found = plane.get("secret", name, namespace)
+    if found is None:
+        return None
+    return {k: base64.b64decode(v).decode() for k, v in found["data"].items()}
+
+
+def ready(status: dict[str, Any]) -> bool:
+    return status.get("phase") == "Ready"
+
+
+def ready_cell(plane: RegionPlane, name: str, region: str = "region-a", **kwargs: Any) -> dict[str, Any]:
+    plane.apply(cell(name, region, **kwargs))
+    return plane.await_status("cell", name, lambda s: ready(s) and bool(s.get("endpoints")),
+                              timeout=120)
