@@ -67,7 +67,9 @@ class KubeClient:
         self._http = httpx.AsyncClient(
             base_url=config.server, verify=config.ssl_context(), timeout=timeout_seconds,
             headers={"User-Agent": user_agent, "Accept": "application/json"},
-            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32))
+            # httpcore checks every pooled connection on each request: a small pool is
+            # cheaper, and 16 requests at once keep the apiserver busy enough.
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
 
     async def close(self) -> None:
         await self._http.aclose()
