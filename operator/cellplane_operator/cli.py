@@ -17,9 +17,12 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from cellplane_operator.errors import CellplaneError
+
+if TYPE_CHECKING:
+    from cellplane_operator.domain.ownership import LeaseSettings
 
 __all__ = ["main"]
 
@@ -116,7 +119,6 @@ def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     import cellplane_operator.handlers  # noqa: F401  (registers the handlers)
-    from cellplane_operator.domain.ownership import LeaseSettings
     from cellplane_operator.localplane.binaries import Binaries
     from cellplane_operator.settings import OperatorSettings
     from cellplane_operator.sites.local import LocalSiteDriver
@@ -129,12 +131,9 @@ def _run_operator(args: argparse.Namespace) -> int:
     if not endpoints:
         print("cellplane operator: --etcd (or CELLPLANE_ETCD) is required", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        election = LeaseSettings(duration_seconds=args.election_lease_seconds,
-                                 renew_interval_seconds=args.election_renew_seconds,
-                                 margin_seconds=args.election_margin_seconds).validated()
-    except ValueError as error:
-        print(f"cellplane operator: election lease: {error}", file=sys.stderr)
+    election = _lease_settings("cellplane operator: election lease", args.election_lease_seconds,
+                               args.election_renew_seconds, args.election_margin_seconds)
+    if election is None:
         return EXIT_USAGE
     regions = tuple(r.strip() for r in args.regions.split(",") if r.strip()) or (args.region,)
     state_dir = args.state_dir.resolve()
@@ -151,6 +150,18 @@ def _run_operator(args: argparse.Namespace) -> int:
     asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
                               liveness_endpoint=args.liveness))
     return EXIT_OK
+
+
+def _lease_settings(what: str, duration: float, renew: float, margin: float) -> LeaseSettings | None:
+    """Validated lease settings, or None after saying on stderr why they are unsafe."""
+    from cellplane_operator.domain.ownership import LeaseSettings
+
+    try:
+        return LeaseSettings(duration_seconds=duration, renew_interval_seconds=renew,
+                             margin_seconds=margin).validated()
+    except ValueError as error:
+        print(f"{what}: {error}", file=sys.stderr)
+        return None
 
 
 def _lock_state_dir(state_dir: Path) -> IO[str] | None:
@@ -179,7 +190,6 @@ def _run_hold(args: argparse.Namespace) -> int:
     import logging
 
     from cellplane_operator.clock import SystemClock
-    from cellplane_operator.domain.ownership import LeaseSettings
     from cellplane_operator.ownership import LeaseHolder, OwnershipTable
     from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
     from cellplane_operator.ownership.holder import HolderIdentity
@@ -188,12 +198,9 @@ def _run_hold(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = LeaseSettings(duration_seconds=args.lease_seconds,
-                                 renew_interval_seconds=args.renew_seconds,
-                                 margin_seconds=args.margin_seconds).validated()
-    except ValueError as error:
-        print(f"cellplane ownership hold: {error}", file=sys.stderr)
+    settings = _lease_settings("cellplane ownership hold", args.lease_seconds, args.renew_seconds,
+                               args.margin_seconds)
+    if settings is None:
         return EXIT_USAGE
 
     async def hold() -> None:

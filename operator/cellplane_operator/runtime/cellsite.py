@@ -60,16 +60,18 @@ class CellSiteRunner:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        try:
-            if self.primary:
-                await self._run_primary(stop)
-            else:
-                await self._run_standby(stop)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("site %s stopped by an unexpected error", self.site.name)
-            raise
+        """Runs the site until ``stop``; a bug that escapes a loop restarts it, never ends it."""
+        while not stop.is_set():
+            try:
+                if self.primary:
+                    await self._run_primary(stop)
+                else:
+                    await self._run_standby(stop)
+            except Exception:
+                log.exception("site %s failed unexpectedly; starting it over in 5s",
+                              self.site.name)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 5.0)
 
     # -- primary ---------------------------------------------------------------
 
@@ -107,9 +109,12 @@ class CellSiteRunner:
 
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
         assert self._grant is not None
-        await self._grant.start_acting(epoch, remaining_seconds)
+        # The epoch is ours before the grant is written: if this grant fails, the
+        # next renewal writes it, and until then the database refuses the writes
+        # of the processes started under it. Nothing is lost by starting early.
         self._epoch, self._fenced = epoch, False
         self._wake.set()
+        await self._grant.start_acting(epoch, remaining_seconds)
 
     async def renew_grant(self, epoch: int, remaining_seconds: float) -> None:
         assert self._grant is not None

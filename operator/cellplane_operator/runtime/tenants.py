@@ -60,6 +60,9 @@ class TenantController:
         self._placing = asyncio.Lock()
         self._provisioned: dict[TenantKey, tuple[int, str, int]] = {}
         self._announced: dict[Key, str] = {}
+        self._loads_dirty: set[str] = set()
+        self._parsed_cells: dict[str, tuple[str, CellSettings]] = {}
+        self._loads_wake = asyncio.Event()
 
     # -- scheduling --------------------------------------------------------------
 
@@ -119,14 +122,15 @@ class TenantController:
             self.enqueue(CellKey(name))
         workers = [asyncio.create_task(self._work()) for _ in range(self._ctx.settings.tenant_workers)]
         resync = asyncio.create_task(self._resync())
+        loads = asyncio.create_task(self._publish_loads())
         try:
             while not stop.is_set() and self._leadership.leading:
                 self._leadership.changed.clear()
                 await _first(stop, self._leadership.changed)
         finally:
-            for task in (*workers, resync):
+            for task in (*workers, resync, loads):
                 task.cancel()
-            await asyncio.gather(*workers, resync, return_exceptions=True)
+            await asyncio.gather(*workers, resync, loads, return_exceptions=True)
 
     async def _resync(self) -> None:
         while True:
@@ -245,25 +249,30 @@ class TenantController:
             record = PlacementRecord(cell=outcome.cell, epoch=1,
                                      tenant_id=tenant_id(tenant.namespace, tenant.name),
                                      uid=tenant.uid, max_running=max_running)
-            await self._store.create(key, record, guard=self._leadership.guard())
-            stored = await self._store.read(key)
-            if stored is None:
+            if await self._store.create(key, record, guard=self._leadership.guard()):
+                # Counted at once for the next decision; its revision is read after the
+                # lock, so one placement holds the lock for one etcd round trip only.
+                found: Stored | None = Stored(record, 0)
+            else:
+                found = await self._store.read(key)
+            if found is None:
                 raise NotLeaderError(f"placement of {key} was refused: the election moved on")
-            self._records[key] = stored
-            failpoint("tenant-after-record", str(key))
-            await self._ctx.event(body, "Normal", "Placed",
-                                  f"placed in {tenant.isolation.value} cell {stored.record.cell} "
-                                  f"at epoch {stored.record.epoch}")
-            await self._publish_load(stored.record.cell)
-            return stored
+            self._records[key] = stored = found
+        failpoint("tenant-after-record", str(key))
+        if stored.mod_revision == 0 and (fresh := await self._store.read(key)) is not None:
+            self._records[key] = stored = fresh
+        await self._ctx.event(body, "Normal", "Placed",
+                              f"placed in {tenant.isolation.value} cell {stored.record.cell} "
+                              f"at epoch {stored.record.epoch}")
+        self._load_changed(stored.record.cell)
+        return stored
 
     def _candidates(self) -> list[CellCandidate]:
         loads = cell_loads([(s.record.cell, s.record.max_running) for s in self._records.values()])
         candidates: list[CellCandidate] = []
         for name, body in self._ctx.cache.cells.items():
-            try:
-                cell = CellSettings.from_body(body)
-            except (ValueError, ValidationError):
+            cell = self._cell_settings(name, body)
+            if cell is None:
                 continue
             status = body.get("status") or {}
             phase = "Deleting" if body["metadata"].get("deletionTimestamp") else \
@@ -275,6 +284,20 @@ class TenantController:
                 tenant_capacity=cell.tenant_capacity, worker_slots=cell.worker_slots,
                 tenants_placed=tenants, slots_in_use=slots))
         return candidates
+
+    def _cell_settings(self, name: str, body: dict[str, Any]) -> CellSettings | None:
+        """The cell's spec, parsed once per version of the object (placement reads every
+        cell for every tenant)."""
+        version = body["metadata"].get("resourceVersion", "")
+        known = self._parsed_cells.get(name)
+        if known is not None and known[0] == version:
+            return known[1]
+        try:
+            cell = CellSettings.from_body(body)
+        except (ValueError, ValidationError):
+            return None
+        self._parsed_cells[name] = (version, cell)
+        return cell
 
     async def _ensure_dedicated_cell(self, body: dict[str, Any], tenant: TenantSettings,
                                      cell: str, max_running: int) -> None:
@@ -358,7 +381,7 @@ class TenantController:
             fresh = await self._store.read(key)
             if fresh is not None:
                 self._records[key] = fresh
-            await self._publish_load(record.cell)
+            self._load_changed(record.cell)
 
     async def _remove(self, key: TenantKey, body: dict[str, Any]) -> None:
         if FINALIZER not in (body["metadata"].get("finalizers") or []):
@@ -383,7 +406,7 @@ class TenantController:
                 await self._ctx.cells.delete_tenant(admin, token, record.tenant_id, purge=purge)
             await self._store.delete(key, record, guard=self._leadership.guard())
             self._records.pop(key, None)
-            await self._publish_load(record.cell)
+            self._load_changed(record.cell)
             if tenant.isolation is Tier.DEDICATED and purge and cell is not None:
                 await self._ctx.kube.delete(CELLS, record.cell)
             await self._ctx.event(body, "Normal", "Removed",
@@ -415,6 +438,21 @@ class TenantController:
             return
         await self._drop_finalizer(CELLS, body)
         self._announced.pop(key, None)
+
+    def _load_changed(self, cell: str) -> None:
+        self._loads_dirty.add(cell)
+        self._loads_wake.set()
+
+    async def _publish_loads(self) -> None:
+        """Cells' loads, written at most every 0.2 s per burst rather than once per tenant:
+        500 tenants applied at once would otherwise patch their cells 500 times."""
+        while True:
+            await self._loads_wake.wait()
+            await asyncio.sleep(0.2)
+            self._loads_wake.clear()
+            cells, self._loads_dirty = self._loads_dirty, set()
+            for cell in sorted(cells):
+                await self._publish_load(cell)
 
     async def _publish_load(self, cell: str) -> None:
         """The cell's tenants and slots in use, from the records, if its status differs."""
