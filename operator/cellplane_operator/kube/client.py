@@ -32,9 +32,9 @@ class Resource:
     namespaced: bool
 
     def path(self, namespace: str | None = None, name: str | None = None,
-             subresource: str | None = None) -> str:
+             subresource: str | None = None, *, all_namespaces: bool = False) -> str:
         base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        if self.namespaced:
+        if self.namespaced and not all_namespaces:
             if namespace is None:
                 raise ValueError(f"{self.plural} are namespaced: a namespace is needed")
             base += f"/namespaces/{namespace}"
@@ -83,8 +83,7 @@ class KubeClient:
 
     async def list(self, resource: Resource, *, namespace: str | None = None,
                    label_selector: str | None = None) -> list[dict[str, Any]]:
-        path = (resource.path(namespace) if namespace or not resource.namespaced
-                else resource.path("_").replace("/namespaces/_", ""))
+        path = resource.path(namespace, all_namespaces=resource.namespaced and namespace is None)
         params = {"labelSelector": label_selector} if label_selector else None
         found = await self._request("GET", path, params=params)
         return list(found.get("items") or [])

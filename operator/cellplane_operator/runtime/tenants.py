@@ -14,9 +14,12 @@ import asyncio
 import base64
 import logging
 import secrets
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
+
+from cellplane_cells.domain.plans import Quotas
 
 from cellplane_operator.domain.cells import SERVING_PHASES, CellName, Region, Tier
 from cellplane_operator.domain.placement import (
@@ -197,18 +200,17 @@ class TenantController:
                 return
             stored = placed
         record = stored.record
-        progress = dict(cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id,
-                        quotas=quotas)
+        progress = TenantProgress("Provisioning", "CellNotReady", "", cell=record.cell,
+                                epoch=record.epoch, tenant_id=record.tenant_id, quotas=quotas)
         if tenant.isolation is Tier.DEDICATED:
             await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running)
         cell = self._ctx.cache.cells.get(record.cell)
         cell_status = (cell or {}).get("status") or {}
         phase, endpoints = cell_status.get("phase"), cell_status.get("endpoints") or {}
         if cell is None or phase not in SERVING_PHASES or not endpoints.get("admin"):
-            await self._report(key, body, TenantProgress(
-                "Provisioning", "CellNotReady",
-                f"cell {record.cell} is {phase or 'not reporting yet'}; the tenant is provisioned "
-                "there once it serves", **progress))  # type: ignore[arg-type]
+            await self._report(key, body, replace(
+                progress, message=f"cell {record.cell} is {phase or 'not reporting yet'}; the "
+                                "tenant is provisioned there once it serves"))
             self._retry_later(key)
             return
         applied = (tenant.generation, record.cell, record.epoch)
@@ -220,17 +222,27 @@ class TenantController:
             failpoint("tenant-after-provision", str(key))
             if record.max_running != quotas.max_running:
                 await self._update_record(key, stored, quotas.max_running)
-            first = key not in self._provisioned and cell_status.get("phase") is not None
             self._provisioned[key] = applied
-            await self._ctx.event(body, "Normal", "Provisioned" if first else "QuotasApplied",
-                                  f"tenant {record.tenant_id} in cell {record.cell}: "
-                                  f"{quotas.max_running} running, {quotas.jobs_per_second:g} jobs/s, "
-                                  f"burst {quotas.burst} (generation {tenant.generation})")
+            await self._announce_provisioned(body, tenant, record, quotas)
         self._backoff.pop(key, None)
-        await self._report(key, body, TenantProgress(
-            "Degraded" if phase == "Degraded" else "Ready", "Provisioned", "",
+        await self._report(key, body, replace(
+            progress, phase="Degraded" if phase == "Degraded" else "Ready", reason="Provisioned",
             api_endpoint=endpoints.get("api"), api_key_secret=secret_name,
-            cell_degraded=phase == "Degraded", **progress))  # type: ignore[arg-type]
+            cell_degraded=phase == "Degraded"))
+
+    async def _announce_provisioned(self, body: dict[str, Any], tenant: TenantSettings,
+                                    record: PlacementRecord, quotas: Quotas) -> None:
+        """An Event when the tenant first serves in its cell or its quotas changed; none
+        when a new leader merely provisions again what its predecessor had."""
+        status = body.get("status") or {}
+        serving_there = status.get("cell") == record.cell and status.get("phase") in (
+            "Ready", "Degraded")
+        if serving_there and status.get("observedGeneration") == tenant.generation:
+            return
+        await self._ctx.event(body, "Normal", "QuotasApplied" if serving_there else "Provisioned",
+                              f"tenant {record.tenant_id} in cell {record.cell}: "
+                              f"{quotas.max_running} running, {quotas.jobs_per_second:g} jobs/s, "
+                              f"burst {quotas.burst} (generation {tenant.generation})")
 
     async def _place(self, key: TenantKey, body: dict[str, Any], tenant: TenantSettings,
                      max_running: int) -> Stored | TenantProgress:
