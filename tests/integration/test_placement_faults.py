@@ -29,8 +29,14 @@ def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
     regions = RegionPlane(kube)
     regions.start_operator("region-a")
     try:
-        ready_cell(regions, "crash-a1")
-        ready_cell(regions, "crash-a2")
+        # The product's lease (10 s, renewals every 2 s, margin 2 s): the database
+        # grant then outlasts an operator restart, as it does in production; with the
+        # tests' 2 s lease a slow restart would let the grant run out first, and the
+        # cell's workers would stop on refused writes (and be restarted) before the
+        # new operator adopted them.
+        for name in ("crash-a1", "crash-a2"):
+            ready_cell(regions, name, lease={"durationSeconds": 10, "renewIntervalSeconds": 2,
+                                             "marginSeconds": 2})
         yield regions
     finally:
         regions.close()

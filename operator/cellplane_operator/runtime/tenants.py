@@ -23,8 +23,8 @@ from cellplane_cells.domain.plans import Quotas
 
 from cellplane_operator.domain.cells import SERVING_PHASES, CellName, Region, Tier
 from cellplane_operator.domain.placement import (
-    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads, place,
-    tenant_id,
+    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads,
+    dedicated_cell_name, place, tenant_id,
 )
 from cellplane_operator.domain.tenants import TenantProgress, plan_tenant_status
 from cellplane_operator.errors import CellplaneError, KubeConflictError
@@ -399,11 +399,11 @@ class TenantController:
         if FINALIZER not in (body["metadata"].get("finalizers") or []):
             return
         tenant = TenantSettings.from_body(body)
+        purge = tenant.deletion_policy == "Delete"
         stored = self._records.get(key)
         if stored is not None:
             record = stored.record
             cell = self._ctx.cache.cells.get(record.cell)
-            purge = tenant.deletion_policy == "Delete"
             if cell is not None:
                 status = cell.get("status") or {}
                 admin = (status.get("endpoints") or {}).get("admin")
@@ -419,15 +419,30 @@ class TenantController:
             await self._store.delete(key, record, guard=self._leadership.guard())
             self._records.pop(key, None)
             self._load_changed(record.cell)
-            if tenant.isolation is Tier.DEDICATED and purge and cell is not None:
-                await self._ctx.kube.delete(CELLS, record.cell)
             await self._ctx.event(body, "Normal", "Removed",
                                   f"left cell {record.cell}; its data was "
                                   + ("deleted" if purge else "kept, disabled (deletionPolicy Retain)"))
+        if tenant.isolation is Tier.DEDICATED and purge:
+            await self._delete_dedicated_cell(tenant)
         await self._ctx.kube.delete(SECRETS, _secret_name(tenant), namespace=tenant.namespace)
         await self._drop_finalizer(TENANTS, body)
         self._provisioned.pop(key, None)
         self._announced.pop(key, None)
+
+    async def _delete_dedicated_cell(self, tenant: TenantSettings) -> None:
+        """Deletes the tenant's own cell once no record points at it. Run on every attempt
+        of the removal, not only after the record went, so a failure here (the apiserver
+        down, the deletion guard seeing an old count) is retried rather than forgotten."""
+        name = dedicated_cell_name(tenant.namespace, tenant.name)
+        cell = self._ctx.cache.cells.get(name)
+        if cell is None or cell["metadata"].get("deletionTimestamp"):
+            return
+        if any(s.record.cell == name for s in self._records.values()):
+            return
+        # The admission policy refuses a Cell whose status counts tenants: the count
+        # must say 0 before the DELETE, not at the next batch of load updates.
+        await self._publish_load(name)
+        await self._ctx.kube.delete(CELLS, name)
 
     # -- cells -----------------------------------------------------------------------
 
