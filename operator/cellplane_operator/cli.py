@@ -1,8 +1,8 @@
 """``cellplane``: the command line of the operator and the local control plane.
 
-    cellplane operator [--region R]      run the regional operator (kopf)
+    cellplane operator --region R --etcd HOST:PORT,...   run the regional operator (kopf)
     cellplane local up [--regions a,b,c]  start etcd, kube-apiserver and the CRDs
-    cellplane demo                        the local demo: control plane, operator, a Cell
+    cellplane demo                        the local demo: 3 regions, their operators, Cells, Tenants
     cellplane cell {migrate,work,serve}   a cell's own processes
 """
 
@@ -63,14 +63,19 @@ def _parser() -> argparse.ArgumentParser:
                           help="where the local site driver keeps this region's sites")
     operator.add_argument("--namespace", default="cellplane-system",
                           help="namespace of the operator's own Secrets")
-    operator.add_argument("--kubeconfig", type=Path, default=None)
-    operator.add_argument("--election-lease-seconds", type=int, default=10)
-    operator.add_argument("--election-renew-seconds", type=float, default=2.0)
-    operator.add_argument("--election-margin-seconds", type=float, default=2.0)
-    operator.add_argument("--resync-seconds", type=float, default=30.0)
+    operator.add_argument("--kubeconfig", type=Path, default=None,
+                          help="default: $KUBECONFIG, in-cluster, then ~/.kube/config")
+    operator.add_argument("--election-lease-seconds", type=int, default=10,
+                          help="lease of the placement election (etcd TTL, whole seconds)")
+    operator.add_argument("--election-renew-seconds", type=float, default=2.0,
+                          help="how often the placement leader renews its lease")
+    operator.add_argument("--election-margin-seconds", type=float, default=2.0,
+                          help="clock margin of the placement election")
+    operator.add_argument("--resync-seconds", type=float, default=30.0,
+                          help="every Tenant and Cell is reconciled at least this often")
     operator.add_argument("--liveness", default=None,
                           help="serve kopf's liveness probe, e.g. http://127.0.0.1:8080/healthz")
-    operator.add_argument("--verbose", action="store_true")
+    operator.add_argument("--verbose", action="store_true", help="debug logging")
     operator.set_defaults(run=_run_operator)
 
     local = commands.add_parser("local", help="the local control plane")
