@@ -1,6 +1,7 @@
 """``cellplane``: the command line of the operator and the local control plane.
 
     cellplane operator --region R --etcd HOST:PORT,...   run the regional operator (kopf)
+    cellplane router --etcd HOST:PORT,... [--port P]     the edge router
     cellplane local up [--regions a,b,c]  start etcd, kube-apiserver and the CRDs
     cellplane demo                        the local demo: 3 regions, their operators, Cells, Tenants
     cellplane cell {migrate,work,serve}   a cell's own processes
@@ -111,6 +112,15 @@ def _parser() -> argparse.ArgumentParser:
                       help="bound of one etcd operation over all members")
     hold.set_defaults(run=_run_hold)
 
+    router = commands.add_parser("router", help="run the edge router of a region")
+    router.add_argument("--etcd", default=os.environ.get("CELLPLANE_ETCD", ""),
+                        help="comma-separated host:port of the etcd members (env CELLPLANE_ETCD)")
+    router.add_argument("--host", default="127.0.0.1")
+    router.add_argument("--port", type=int, default=8000)
+    router.add_argument("--hold-seconds", type=float, default=15.0,
+                        help="how long a request waits for a cell without an owner before 503")
+    router.set_defaults(run=_run_router)
+
     from cellplane_cells.cli import add_cell_commands
 
     add_cell_commands(commands)
@@ -154,6 +164,44 @@ def _run_operator(args: argparse.Namespace) -> int:
     memo = kopf.Memo(settings=settings, driver=driver)
     asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
                               liveness_endpoint=args.liveness))
+    return EXIT_OK
+
+
+def _run_router(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    import httpx
+    import uvicorn
+
+    from cellplane_operator.router import PlacementWatcher, RouterSettings, create_router_app
+    from cellplane_operator.store import EtcdStore
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    endpoints = [e.strip() for e in args.etcd.split(",") if e.strip()]
+    if not endpoints:
+        print("cellplane router: --etcd (or CELLPLANE_ETCD) is required", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def serve() -> None:
+        store = EtcdStore(endpoints, timeout=2.0, attempt_timeout=1.0)
+        watcher = PlacementWatcher(store)
+        watching = asyncio.create_task(watcher.run())
+        try:
+            async with httpx.AsyncClient() as http:
+                app = create_router_app(watcher, http, RouterSettings(hold_seconds=args.hold_seconds))
+                server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                                       log_config=None, access_log=False))
+                await watcher.loaded.wait()
+                logging.getLogger("cellplane.router").info(
+                    "router up on %s:%d, placement map loaded", args.host, args.port)
+                await server.serve()
+        finally:
+            watching.cancel()
+            await store.close()
+
+    asyncio.run(serve())
     return EXIT_OK
 
 

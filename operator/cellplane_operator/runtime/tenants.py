@@ -26,6 +26,7 @@ from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads,
     dedicated_cell_name, place, tenant_id,
 )
+from cellplane_operator.domain.routing import KEY_PREFIX
 from cellplane_operator.domain.tenants import TenantProgress, plan_tenant_status
 from cellplane_operator.errors import CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
@@ -351,7 +352,9 @@ class TenantController:
         found = await self._ctx.kube.get(SECRETS, name, namespace=tenant.namespace)
         if found is None:
             meta = body["metadata"]
-            data = {"api-key": "cpk_" + secrets.token_urlsafe(32),
+            # The key names its tenant (cpk_<tenant id>.<secret>): the edge router routes
+            # by it without a key table, and the cell still checks the whole key's hash.
+            data = {"api-key": f"{KEY_PREFIX}{record.tenant_id}.{secrets.token_urlsafe(32)}",
                     "webhook-secret": secrets.token_hex(32), "tenant-id": record.tenant_id}
             try:
                 await self._ctx.kube.create(SECRETS, {

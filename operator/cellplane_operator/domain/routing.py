@@ -1,0 +1,130 @@
+"""Where a tenant's request goes: the edge router's placement map, and its decisions.
+
+The map is a copy of three kinds of etcd keys, each applied only if it is newer
+(by etcd revision) than what the map holds, so a watch event and the initial
+read can arrive in any order:
+
+    /cellplane/tenants/<ns>/<name>          tenant -> cell, tenant epoch, tenant id
+    /cellplane/groups/<cell>/owner          cell -> owning region and site, group epoch
+    /cellplane/cells/<cell>/sites/<region>  a site's endpoints and whether it serves
+
+A tenant's API key names the tenant (``cpk_<tenant id>.<secret>``), so the
+router needs no key table: it routes by the id and the cell checks the key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["Route", "NoRoute", "PlacementMap", "tenant_of_key", "KEY_PREFIX"]
+
+KEY_PREFIX = "cpk_"
+
+
+def tenant_of_key(api_key: str) -> str | None:
+    """The tenant id a key names, or None for a key of another shape."""
+    if not api_key.startswith(KEY_PREFIX) or "." not in api_key:
+        return None
+    tenant, _, secret = api_key[len(KEY_PREFIX):].partition(".")
+    return tenant if tenant and secret else None
+
+
+@dataclass(frozen=True)
+class Route:
+    tenant_id: str
+    cell: str
+    tenant_epoch: int
+    group_epoch: int
+    region: str
+    api: str
+    """Base URL of the active site's tenant API."""
+
+
+@dataclass(frozen=True)
+class NoRoute:
+    reason: Literal["UnknownTenant", "NoOwner", "SiteNotServing"]
+    """UnknownTenant: answer 401/404 at once; the others are a takeover in progress: hold."""
+    message: str
+
+    @property
+    def transient(self) -> bool:
+        return self.reason != "UnknownTenant"
+
+
+@dataclass
+class PlacementMap:
+    _tenants: dict[str, tuple[int, str, int]] = field(default_factory=dict)
+    """tenant id -> (revision, cell, tenant epoch)"""
+    _tenant_ids: dict[str, str] = field(default_factory=dict)
+    """record key -> tenant id, to forget a tenant when its record is deleted"""
+    _owners: dict[str, tuple[int, str, int] | None] = field(default_factory=dict)
+    """cell -> (revision, region, group epoch), None once deleted"""
+    _revisions: dict[str, int] = field(default_factory=dict)
+    """etcd key -> the revision it was last applied at (deletions included)"""
+    _sites: dict[tuple[str, str], tuple[int, str | None, bool]] = field(default_factory=dict)
+    """(cell, region) -> (revision, api endpoint, serving)"""
+
+    def apply(self, key: str, value: bytes | None, revision: int) -> bool:
+        """One etcd key's state at ``revision`` (value None: deleted). True if it changed the map.
+
+        Each key remembers the revision it was last seen at, deletions included, so
+        an initial read that lost the race with a watch event never resurrects it.
+        """
+        if self._revisions.get(key, 0) >= revision:
+            return False
+        self._revisions[key] = revision
+        parts = key.strip("/").split("/")
+        if len(parts) == 4 and parts[:2] == ["cellplane", "tenants"]:
+            return self._apply_tenant(key, value, revision)
+        if len(parts) == 4 and parts[:2] == ["cellplane", "groups"] and parts[3] == "owner":
+            return self._apply_owner(parts[2], value, revision)
+        if len(parts) == 5 and parts[:2] == ["cellplane", "cells"] and parts[3] == "sites":
+            return self._apply_site(parts[2], parts[4], value, revision)
+        return False
+
+    def _apply_tenant(self, key: str, value: bytes | None, revision: int) -> bool:
+        known = self._tenant_ids.get(key)
+        if value is None:
+            if known is not None:
+                del self._tenant_ids[key]
+                self._tenants.pop(known, None)
+            return known is not None
+        body = json.loads(value)
+        tenant_id = str(body["tenantId"])
+        self._tenant_ids[key] = tenant_id
+        self._tenants[tenant_id] = (revision, str(body["cell"]), int(body["epoch"]))
+        return True
+
+    def _apply_owner(self, cell: str, value: bytes | None, revision: int) -> bool:
+        if value is None:
+            self._owners[cell] = None
+        else:
+            body = json.loads(value)
+            self._owners[cell] = (revision, str(body["region"]), int(body["epoch"]))
+        return True
+
+    def _apply_site(self, cell: str, region: str, value: bytes | None, revision: int) -> bool:
+        if value is None:
+            self._sites[(cell, region)] = (revision, None, False)
+            return True
+        body = json.loads(value)
+        endpoints = body.get("endpoints") or {}
+        self._sites[(cell, region)] = (revision, endpoints.get("api"), bool(body.get("serving")))
+        return True
+
+    def resolve(self, tenant_id: str) -> Route | NoRoute:
+        placed = self._tenants.get(tenant_id)
+        if placed is None:
+            return NoRoute("UnknownTenant", f"no tenant {tenant_id} is placed in any cell")
+        _, cell, tenant_epoch = placed
+        owner = self._owners.get(cell)
+        if owner is None:
+            return NoRoute("NoOwner", f"cell {cell} has no owner right now (a takeover is under way)")
+        _, region, group_epoch = owner
+        site = self._sites.get((cell, region))
+        if site is None or site[1] is None or not site[2]:
+            return NoRoute("SiteNotServing",
+                           f"the site of cell {cell} in {region} does not serve yet")
+        return Route(tenant_id, cell, tenant_epoch, group_epoch, region, site[1])

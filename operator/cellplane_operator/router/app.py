@@ -1,0 +1,115 @@
+"""The router's HTTP surface: every tenant route of the cell API, forwarded.
+
+A request is routed by the tenant id its API key names. While the tenant's
+cell has no owner or its active site does not serve yet (a takeover or a
+start in progress), the request is held until the map changes, up to
+``hold_seconds``, then answered 503 with ``Retry-After``: never dropped
+silently. A site that answers that it no longer owns the cell (``not_owner``,
+``stale_epoch``, ``lease_expired``) is asked again once, after the map moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from cellplane_operator.domain.routing import NoRoute, Route, tenant_of_key
+from cellplane_operator.router.watcher import PlacementWatcher
+
+__all__ = ["RouterSettings", "create_router_app"]
+
+log = logging.getLogger("cellplane.router")
+
+_NOT_OWNER_CODES = {"not_owner", "stale_epoch", "lease_expired"}
+# Hop-by-hop headers, and the ones httpx has already acted on (it decoded the body).
+_HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding",
+                "content-encoding"}
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    hold_seconds: float = 15.0
+    """How long a request waits for a cell without an owner before it is answered 503."""
+    retry_after_seconds: int = 2
+    """What a 503 asks the client to wait."""
+    upstream_timeout_seconds: float = 30.0
+
+
+def _error(status: int, code: str, message: str, *, retry_after: int | None = None) -> Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status,
+                        headers=headers)
+
+
+def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
+                      settings: RouterSettings = RouterSettings()) -> FastAPI:
+    app = FastAPI(title="cellplane edge router", openapi_url=None, docs_url=None, redoc_url=None)
+
+    async def route_for(tenant_id: str, deadline: float) -> Route | NoRoute:
+        announced = False
+        while True:
+            version = watcher.version
+            found = watcher.map.resolve(tenant_id)
+            remaining = deadline - time.monotonic()
+            if isinstance(found, Route) or not found.transient or remaining <= 0:
+                return found
+            if not announced:
+                log.info("holding a request of tenant %s up to %.1fs: %s", tenant_id, remaining,
+                         found.message)
+                announced = True
+            await watcher.changed(version, remaining)
+
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def forward(path: str, request: Request) -> Response:
+        authorization = request.headers.get("authorization", "")
+        tenant_id = tenant_of_key(authorization[7:].strip()) if authorization.startswith(
+            "Bearer ") else None
+        if tenant_id is None:
+            return _error(401, "unauthenticated",
+                          "an API key is required: Authorization: Bearer <tenant key>")
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        deadline = time.monotonic() + settings.hold_seconds
+        for attempt in (1, 2):
+            version = watcher.version
+            found = await route_for(tenant_id, deadline)
+            if isinstance(found, NoRoute):
+                if not found.transient:
+                    return _error(401, "unauthenticated", "no tenant of this key is placed in any cell")
+                return _error(503, "cell_unavailable", found.message,
+                              retry_after=settings.retry_after_seconds)
+            try:
+                upstream = await http.request(
+                    request.method, f"{found.api}/v1/{path}", params=request.query_params,
+                    content=body, headers=headers, timeout=settings.upstream_timeout_seconds)
+            except httpx.TransportError:
+                # The site died between the map's last word and this request.
+                upstream = None
+            moved = upstream is None or (upstream.status_code == 503 and _code(upstream) in _NOT_OWNER_CODES)
+            if moved and attempt == 1:
+                await watcher.changed(version, max(deadline - time.monotonic(), 0.0))
+                continue
+            if upstream is None:
+                return _error(503, "cell_unavailable", f"cell {found.cell} did not answer",
+                              retry_after=settings.retry_after_seconds)
+            return Response(upstream.content, status_code=upstream.status_code,
+                            headers={k: v for k, v in upstream.headers.items()
+                                     if k.lower() not in _HOP_HEADERS},
+                            media_type=upstream.headers.get("content-type"))
+        raise AssertionError("unreachable")
+
+    return app
+
+
+def _code(response: httpx.Response) -> str | None:
+    try:
+        error = response.json().get("error") or {}
+    except ValueError:
+        return None
+    code = error.get("code")
+    return str(code) if code is not None else None

@@ -1,0 +1,157 @@
+"""The edge router in front of a real cell: routing by the key's tenant, holding, 503.
+
+Real apiserver, etcd, an operator that placed a tenant in a cell it runs, and
+the router as its own process (`cellplane router`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
+from cellplane_operator.localplane.ports import LOOPBACK, free_port
+from cellplane_operator.localplane.process import wait_for
+from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
+from cellplane_operator.sites.base import SiteEndpoints
+from cellplane_operator.sites.reports import SiteReport, SiteReports
+from cellplane_operator.store import EtcdStore
+from httpservers import RecordingServer
+from regionplane import RegionPlane, etcd, ready, ready_cell, secret_data, tenant
+
+HOLD_SECONDS = 1.5
+
+
+@pytest.fixture(scope="module")
+def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
+    regions = RegionPlane(kube)
+    regions.start_operator("region-a")
+    try:
+        yield regions
+    finally:
+        regions.close()
+
+
+@pytest.fixture(scope="module")
+def router(plane: RegionPlane) -> Iterator[str]:
+    port = free_port()
+    process = ManagedProcess(
+        "router", [sys.executable, "-m", "cellplane_operator", "router", "--etcd",
+                   ",".join(plane.kube.etcd.endpoints), "--port", str(port),
+                   "--hold-seconds", str(HOLD_SECONDS)],
+        log=plane.kube.run_dir / "logs" / "router.log")
+    process.start()
+    url = f"http://{LOOPBACK}:{port}"
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}/v1/jobs", timeout=1).status_code == 401
+        except httpx.HTTPError:
+            return False
+
+    try:
+        process.wait_until(answers, timeout=60, what="the router to answer")
+        yield url
+    finally:
+        process.stop()
+
+
+def test_a_tenant_submits_and_reads_jobs_through_the_router(
+        plane: RegionPlane, router: str) -> None:
+    ns = plane.namespace("routed")
+    ready_cell(plane, "route-a1")
+    with RecordingServer() as target:
+        plane.apply(tenant("acme", ns, plan="enterprise", cell="route-a1",
+                           targets=[{"name": "default", "url": f"{target.url}/run"}]))
+        status = plane.await_status("tenant", "acme", ready, namespace=ns)
+        key = (secret_data(plane, ns, "acme-api-key") or {})["api-key"]
+        assert key.startswith(f"cpk_{status['tenantId']}.")
+        headers = {"Authorization": f"Bearer {key}"}
+
+        submitted = httpx.post(f"{router}/v1/jobs", json={"target": "default", "payload": {"n": 1}},
+                               headers={**headers, "Idempotency-Key": "via-router-1"}, timeout=10)
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["job_id"]
+        replayed = httpx.post(f"{router}/v1/jobs", json={"target": "default", "payload": {"n": 1}},
+                              headers={**headers, "Idempotency-Key": "via-router-1"}, timeout=10)
+        assert replayed.json()["job_id"] == job_id
+        assert replayed.headers.get("idempotent-replayed") == "true"
+
+        def done() -> bool:
+            job = httpx.get(f"{router}/v1/jobs/{job_id}", headers=headers, timeout=10).json()
+            return bool(job["status"] == "succeeded")
+
+        wait_for(done, timeout=60, what="the job, read through the router, to succeed")
+        # The same job, straight from the cell: the router forwarded, it did not answer itself.
+        direct = httpx.get(f"{status['apiEndpoint']}/v1/jobs/{job_id}", headers=headers, timeout=10)
+        assert direct.json()["status"] == "succeeded"
+
+
+def test_keys_of_no_tenant_are_refused_at_once(router: str) -> None:
+    for key in ("cpk_nobody.secret", "not-a-cellplane-key"):
+        started = time.monotonic()
+        answer = httpx.get(f"{router}/v1/jobs", headers={"Authorization": f"Bearer {key}"},
+                           timeout=10)
+        assert answer.status_code == 401
+        assert answer.json()["error"]["code"] == "unauthenticated"
+        assert time.monotonic() - started < HOLD_SECONDS
+
+
+def test_a_tenant_whose_cell_has_no_owner_is_held_then_told_to_retry(
+        plane: RegionPlane, router: str) -> None:
+    # A placement record for a cell nobody owns (as between a lease's end and a takeover).
+    record = PlacementRecord(cell="ownerless-cell", epoch=1, tenant_id="limbo-tenant", uid="u",
+                             max_running=1)
+    etcd(plane, lambda store: PlacementRecords(store).create(
+        TenantKey("limbo", "tenant"), record, guard=[]))
+    started = time.monotonic()
+    answer = httpx.post(f"{router}/v1/jobs", json={"target": "default"},
+                        headers={"Authorization": "Bearer cpk_limbo-tenant.secret",
+                                 "Idempotency-Key": "held-1"}, timeout=10)
+    held = time.monotonic() - started
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "2"
+    assert answer.json()["error"]["code"] == "cell_unavailable"
+    assert "no owner" in answer.json()["error"]["message"]
+    assert held >= HOLD_SECONDS
+
+
+def test_a_held_request_goes_through_as_soon_as_the_cell_has_an_owner_again(
+        plane: RegionPlane, router: str) -> None:
+    status = plane.await_status("cell", "route-a1", ready)
+    record = PlacementRecord(cell="late-cell", epoch=1, tenant_id="late-tenant", uid="u",
+                             max_running=1)
+    etcd(plane, lambda store: PlacementRecords(store).create(
+        TenantKey("late", "tenant"), record, guard=[]))
+    answers: list[httpx.Response] = []
+    request = threading.Thread(target=lambda: answers.append(httpx.get(
+        f"{router}/v1/jobs", headers={"Authorization": "Bearer cpk_late-tenant.secret"},
+        timeout=10)))
+    request.start()
+    log = plane.kube.run_dir / "logs" / "router.log"
+    wait_for(lambda: "holding a request of tenant late-tenant" in log.read_text(),
+             timeout=HOLD_SECONDS, what="the router to hold the request")
+    assert not answers
+    # An owner appears and its site serves (the route-a1 site stands in for it).
+    owner = json.dumps({"region": "region-a", "site": "late-cell@region-a", "epoch": 1,
+                        "lease_id": 1}).encode()
+    report = SiteReport(role="primary", site="late-cell@region-a", serving=True, epoch=1,
+                        endpoints=SiteEndpoints(api=status["endpoints"]["api"],
+                                                admin=status["endpoints"]["admin"]))
+
+    async def take_over(store: EtcdStore) -> None:
+        await store.put("/cellplane/groups/late-cell/owner", owner)
+        await SiteReports(store).publish("late-cell", "region-a", report)
+
+    etcd(plane, take_over)
+    request.join(timeout=10)
+    [answer] = answers
+    # The cell itself answered (it knows no such key): the held request was forwarded.
+    assert answer.status_code == 401
+    assert answer.json()["error"]["message"] == "unknown API key"

@@ -1,0 +1,78 @@
+"""The edge router's placement map: newest revision wins, deletions included."""
+
+from __future__ import annotations
+
+import json
+
+from cellplane_operator.domain.routing import NoRoute, PlacementMap, Route, tenant_of_key
+
+TENANT_KEY = "/cellplane/tenants/team-a/acme"
+OWNER_KEY = "/cellplane/groups/shared-a1/owner"
+SITE_KEY = "/cellplane/cells/shared-a1/sites/region-a"
+
+
+def record(cell: str = "shared-a1", epoch: int = 1) -> bytes:
+    return json.dumps({"cell": cell, "epoch": epoch, "tenantId": "team--a-acme", "uid": "u",
+                       "maxRunning": 5}).encode()
+
+
+def owner(region: str = "region-a", epoch: int = 3) -> bytes:
+    return json.dumps({"region": region, "site": f"shared-a1@{region}", "epoch": epoch,
+                       "lease_id": 7}).encode()
+
+
+def site(api: str = "http://127.0.0.1:9001", serving: bool = True) -> bytes:
+    return json.dumps({"role": "primary", "site": "shared-a1@region-a", "serving": serving,
+                       "endpoints": {"api": api, "admin": "http://127.0.0.1:9002"}}).encode()
+
+
+def full_map() -> PlacementMap:
+    placement = PlacementMap()
+    placement.apply(TENANT_KEY, record(), 10)
+    placement.apply(OWNER_KEY, owner(), 11)
+    placement.apply(SITE_KEY, site(), 12)
+    return placement
+
+
+def test_keys_name_their_tenant() -> None:
+    assert tenant_of_key("cpk_team--a-acme.s3cr3t-_x") == "team--a-acme"
+    for other in ("cpk_nodot", "cpk_.secret", "cpk_tenant.", "sk_team.secret", ""):
+        assert tenant_of_key(other) is None
+
+
+def test_a_placed_tenant_routes_to_its_cells_owning_site() -> None:
+    assert full_map().resolve("team--a-acme") == Route(
+        "team--a-acme", "shared-a1", 1, 3, "region-a", "http://127.0.0.1:9001")
+
+
+def test_no_owner_and_no_serving_site_are_transient_an_unknown_tenant_is_not() -> None:
+    placement = full_map()
+    assert placement.resolve("nobody") == NoRoute("UnknownTenant",
+                                                  "no tenant nobody is placed in any cell")
+    placement.apply(SITE_KEY, site(serving=False), 13)
+    assert isinstance(not_serving := placement.resolve("team--a-acme"), NoRoute)
+    assert not_serving.reason == "SiteNotServing" and not_serving.transient
+    placement.apply(OWNER_KEY, None, 14)
+    assert isinstance(no_owner := placement.resolve("team--a-acme"), NoRoute)
+    assert no_owner.reason == "NoOwner" and no_owner.transient
+
+
+def test_an_older_state_never_overwrites_a_newer_one_deletions_included() -> None:
+    placement = full_map()
+    assert placement.apply(TENANT_KEY, None, 20)               # the tenant left
+    assert not placement.apply(TENANT_KEY, record(), 10)       # a late initial read of it
+    assert isinstance(placement.resolve("team--a-acme"), NoRoute)
+    assert placement.apply(OWNER_KEY, owner("region-b", 4), 30)
+    assert not placement.apply(OWNER_KEY, owner("region-a", 3), 11)
+    placement.apply(TENANT_KEY, record(epoch=2), 31)           # a move raised the tenant epoch
+    placement.apply("/cellplane/cells/shared-a1/sites/region-b", site("http://127.0.0.1:9101"), 32)
+    route = placement.resolve("team--a-acme")
+    assert isinstance(route, Route)
+    assert (route.region, route.api, route.tenant_epoch, route.group_epoch) == (
+        "region-b", "http://127.0.0.1:9101", 2, 4)
+
+
+def test_keys_the_router_does_not_route_by_are_ignored() -> None:
+    placement = PlacementMap()
+    assert not placement.apply("/cellplane/groups/shared-a1/epoch", b"3", 5)
+    assert not placement.apply("/cellplane/elections/placement/owner", owner(), 6)
