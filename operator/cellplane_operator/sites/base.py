@@ -87,6 +87,19 @@ class SiteDriver(Protocol):
     async def ensure_standby_database(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
         """A running standby of ``primary`` for the site (base backup on first use). Idempotent."""
 
+    async def promote_database(self, site: SiteKey) -> DatabaseEndpoint:
+        """The site's standby becomes a primary, then checkpoints (without that checkpoint
+        pg_rewind against it wrongly finds nothing to rewind). Idempotent on a primary."""
+
+    async def fence_database(self, site: SiteKey) -> None:
+        """The site's Postgres, an old primary, is fenced: every connection rejected, every
+        session ended, the server stopped, and kept stopped by ``check``. Idempotent; when
+        the server is already down only its configuration changes."""
+
+    async def rebuild_as_standby(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
+        """The fenced site becomes a streaming standby of ``primary``: pg_rewind, or a fresh
+        base backup when rewind fails. What the site committed past the fork is lost."""
+
     async def start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
         """API and workers under ``spec.epoch``. Processes already running under that epoch
         are adopted; processes of another epoch are stopped first. Never two sets at once."""

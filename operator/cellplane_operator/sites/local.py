@@ -9,7 +9,9 @@ match the decision, the way a Deployment controller would:
   operator restart changes nothing that runs;
 - what runs with another one (another epoch, above all) is stopped before its
   replacement starts, so two epochs never serve at once;
-- what should run and died is started again by ``check``.
+- what should run and died is started again by ``check``;
+- a fenced database (an old primary after failover) stays down until it is
+  rebuilt as a standby of the new primary.
 
 Blocking work (initdb, base backups, waits) runs in threads, so the operator's
 event loop keeps renewing leases meanwhile. Calls for different sites may run
@@ -25,6 +27,7 @@ import logging
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +48,10 @@ from cellplane_operator.sites.base import (
     SiteKey,
 )
 from cellplane_operator.sites.database import SiteDatabase, stop_postgres
+from cellplane_operator.sites.failover import (
+    ASIDE_DATA_DIR, FENCED, fence, promote, refuse_fenced, restore_hba, rewind_or_clone,
+    write_standby_config,
+)
 from cellplane_operator.sites.processes import ProcessRecord, spawn, stop_processes, wait_gone
 from cellplane_operator.sites.state import DatabaseIntent, ServingIntent, SiteLayout, SiteState
 
@@ -59,7 +66,6 @@ SERVE_TIMEOUT = 60.0
 STOP_GRACE = 10.0
 """SIGTERM to SIGKILL for the API and workers (they finish in-flight requests and steps)."""
 MIN_TOKEN_LENGTH = 16  # what ``cellplane cell serve`` demands
-
 
 @dataclass(frozen=True)
 class _Wanted:
@@ -107,6 +113,19 @@ class LocalSiteDriver:
         async with self._lock(site):
             return await asyncio.to_thread(self._ensure_standby, site, primary)
 
+    async def promote_database(self, site: SiteKey) -> DatabaseEndpoint:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._promote, site)
+
+    async def fence_database(self, site: SiteKey) -> None:
+        async with self._lock(site):
+            await asyncio.to_thread(self._fence, site)
+
+    async def rebuild_as_standby(self, site: SiteKey,
+                                 primary: DatabaseEndpoint) -> DatabaseEndpoint:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._rebuild, site, primary)
+
     async def start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
         async with self._lock(site):
             return await asyncio.to_thread(self._start_serving, site, spec)
@@ -127,6 +146,7 @@ class LocalSiteDriver:
 
     def _ensure_primary(self, site: SiteKey) -> DatabaseEndpoint:
         state, layout, db = self._open(site)
+        refuse_fenced(site, state, "used as a primary")
         self._run_postgres(state, layout, db, create=db.init_primary)
         health = db.health()
         if health is not None and health.in_recovery:
@@ -143,6 +163,7 @@ class LocalSiteDriver:
 
     def _ensure_standby(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
         state, layout, db = self._open(site)
+        refuse_fenced(site, state, "adopted as a standby (rebuild_as_standby rewinds it)")
         self._run_postgres(state, layout, db, create=lambda: db.init_standby(primary))
         state.database = DatabaseIntent("standby", primary.host, primary.port)
         state.save(layout)
@@ -170,6 +191,51 @@ class LocalSiteDriver:
         db.start(on_spawn=record)
         log.info("started postgres of %s on port %d", layout.root.name, db.port)
         return True
+
+    # -- failover ----------------------------------------------------------------------
+
+    def _promote(self, site: SiteKey) -> DatabaseEndpoint:
+        state, layout, db = self._open(site)
+        if state.database is None:
+            raise SiteError(f"{site.name} has no database to promote")
+        refuse_fenced(site, state, "promoted")
+        self._run_postgres(state, layout, db, create=_never)
+        promote(site, db)
+        state.database = DatabaseIntent("primary")
+        state.save(layout)
+        return db.endpoint
+
+    def _fence(self, site: SiteKey) -> None:
+        """Intent first (so nothing restarts it), then hba, reload, terminate, stop."""
+        state, layout, db = self._open(site)
+        state.database = DatabaseIntent(FENCED)
+        state.save(layout)
+        fence(site, layout, db, running=db.running_postmaster() is not None,
+              stop=lambda: db.stop(state.processes.pop(POSTGRES, None)))
+        state.save(layout)
+
+    def _rebuild(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
+        state, layout, db = self._open(site)
+        if state.database == DatabaseIntent("standby", primary.host, primary.port):
+            self._run_postgres(state, layout, db, create=_never)
+            return db.endpoint
+        if state.database is None or state.database.role != FENCED:
+            raise SiteError(f"{site.name} is not fenced: fence_database before rebuilding it")
+        # Fenced means stopped; a postmaster found anyway is stopped cleanly first.
+        db.stop(state.processes.pop(POSTGRES, None))
+        state.save(layout)
+        began = time.monotonic()
+        how = rewind_or_clone(site, layout, db, primary, pg_rewind=self._binaries.pg("pg_rewind"),
+                              os_user=self._os_user)
+        restore_hba(layout, db)
+        write_standby_config(db, primary)
+        self._run_postgres(state, layout, db, create=_never)
+        state.database = DatabaseIntent("standby", primary.host, primary.port)
+        state.save(layout)
+        shutil.rmtree(layout.root / ASIDE_DATA_DIR, ignore_errors=True)
+        log.info("%s: rebuilt as a standby of %s:%d by %s in %.2fs", site.name, primary.host,
+                 primary.port, how, time.monotonic() - began)
+        return db.endpoint
 
     # -- serving -----------------------------------------------------------------------
 
@@ -313,7 +379,7 @@ class LocalSiteDriver:
             return SiteHealth(database_up=False, serving=False, epoch=None, endpoints=None)
         db = self._database(layout, state)
         restarted: list[str] = []
-        if state.database is not None:
+        if state.database is not None and state.database.role != FENCED:
             try:
                 if self._run_postgres(state, layout, db, create=_never):
                     restarted.append(POSTGRES)

@@ -1,0 +1,167 @@
+"""A site's database through a failover: promote the standby, fence the old primary,
+rebuild it as a standby of the new one.
+
+Each lever of the fence is there because none is enough alone (issue #6, and
+tests/integration/test_site_failover_ops.py measures why):
+``default_transaction_read_only`` is not one at all, since any client turns it off and an
+open transaction still commits; a pg_hba that rejects stops new sessions only;
+terminating sessions ends the open ones; the stop ends the rest. The rebuild
+prefers pg_rewind, which needs a checkpoint on the new primary first (without
+it pg_rewind reads the old timeline from pg_control and reports "no rewind
+required" however far the two diverged), and falls back to a fresh base backup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from cellplane_operator.errors import CellplaneError, SiteError
+from cellplane_operator.localplane.process import run_checked, tail
+from cellplane_operator.sites.base import DatabaseEndpoint, SiteKey
+from cellplane_operator.sites.database import SiteDatabase
+from cellplane_operator.sites.state import SiteLayout, SiteState
+
+__all__ = ["FENCED", "ASIDE_DATA_DIR", "promote", "fence", "rewind_or_clone", "restore_hba",
+           "write_standby_config", "refuse_fenced"]
+
+log = logging.getLogger(__name__)
+
+FENCED = "fenced"
+"""The database intent of an old primary: stopped, rejecting, not restarted by ``check``."""
+HBA_BACKUP = "pg_hba.conf.before-fence"
+"""The site's own pg_hba.conf while fenced; beside the data dir, which pg_rewind rewrites."""
+ASIDE_DATA_DIR = "pgdata.before-rebuild"
+"""Where a data dir that pg_rewind could not rewind waits until its base backup runs."""
+PROMOTE_WAIT_SECONDS = 60
+# Rejects everything the site's clusters accept (``localplane.postgres``), and the rest.
+REJECT_HBA = """\
+# Fenced by cellplane: this old primary accepts no connection until it is rebuilt.
+local   all             all                             reject
+host    all             all             0.0.0.0/0       reject
+host    all             all             ::/0            reject
+host    replication     all             0.0.0.0/0       reject
+host    replication     all             ::/0            reject
+"""
+PROMOTE_SQL = b"SELECT pg_promote(true, %s)"
+IN_RECOVERY_SQL = b"SELECT pg_is_in_recovery()"
+RELOAD_SQL = b"SELECT pg_reload_conf()"
+# Client sessions and WAL senders; background workers are the server's own and
+# end with the shutdown. Waits up to 5 s for each to be gone.
+TERMINATE_SQL = b"""
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
+  FROM pg_stat_activity
+ WHERE pid <> pg_backend_pid() AND backend_type IN ('client backend', 'walsender')
+"""
+
+
+def promote(site: SiteKey, db: SiteDatabase) -> None:
+    """Ends recovery (a no-op on a primary), then checkpoints the new timeline."""
+    began = promoted = time.monotonic()
+    try:
+        with psycopg.connect(db.dsn(), autocommit=True, connect_timeout=5) as conn:
+            in_recovery = _scalar(conn, IN_RECOVERY_SQL)
+            if in_recovery and not _scalar(conn, PROMOTE_SQL, PROMOTE_WAIT_SECONDS):
+                raise SiteError(f"{site.name} did not finish promotion in "
+                                f"{PROMOTE_WAIT_SECONDS}s; log {db.log}:\n{tail(db.log)}")
+            promoted = time.monotonic()
+            # The new timeline reaches pg_control only with a checkpoint; before
+            # it, pg_rewind against this server finds "no rewind required".
+            conn.execute(b"CHECKPOINT")
+    except psycopg.Error as error:
+        raise SiteError(f"promoting {site.name} failed: {error}") from error
+    if in_recovery:
+        log.info("%s: promoted in %.2fs, checkpointed in %.2fs", site.name,
+                 promoted - began, time.monotonic() - promoted)
+
+
+def fence(site: SiteKey, layout: SiteLayout, db: SiteDatabase, *, running: bool,
+          stop: Callable[[], object]) -> None:
+    """pg_hba rejecting everything, reloaded; client sessions terminated; then ``stop``."""
+    began = time.monotonic()
+    hba = db.data_dir / "pg_hba.conf"
+    backup = layout.root / HBA_BACKUP
+    if hba.exists() and not backup.exists():
+        shutil.copyfile(hba, backup)
+    # Written in place: the file keeps its owner, the Postgres OS user.
+    hba.write_text(REJECT_HBA)
+    terminated = 0
+    if running:
+        try:
+            with psycopg.connect(db.dsn(), autocommit=True, connect_timeout=5) as conn:
+                conn.execute(RELOAD_SQL)
+                terminated = int(_scalar(conn, TERMINATE_SQL))
+        except psycopg.Error as error:
+            # Already rejecting (a fence cut short) or dying: the stop still fences.
+            log.warning("%s: could not reload and terminate before the stop: %s",
+                        site.name, error)
+    stop()
+    log.info("%s: fenced in %.2fs (%d sessions terminated)", site.name,
+             time.monotonic() - began, terminated)
+
+
+def rewind_or_clone(site: SiteKey, layout: SiteLayout, db: SiteDatabase,
+                    primary: DatabaseEndpoint, *, pg_rewind: str, os_user: str | None) -> str:
+    """Makes the stopped data dir a copy of ``primary``'s timeline; says how."""
+    aside = layout.root / ASIDE_DATA_DIR
+    try:
+        if aside.exists():
+            # An earlier fallback stopped half-way: the original is the one aside.
+            raise SiteError(f"{aside} holds the data of an unfinished base backup")
+        run_checked([pg_rewind, f"--target-pgdata={db.data_dir}",
+                     f"--source-server={primary.conninfo}", "--progress"],
+                    log=db.log, user=os_user)
+        return "pg_rewind"
+    except CellplaneError as error:
+        log.warning("%s: pg_rewind failed, falling back to a fresh base backup (the old "
+                    "data dir waits in %s until it works): %s", site.name, aside, error)
+        if not aside.exists():
+            db.data_dir.rename(aside)
+        db.init_standby(primary)
+        return "base backup"
+
+
+def restore_hba(layout: SiteLayout, db: SiteDatabase) -> None:
+    backup = layout.root / HBA_BACKUP
+    if backup.exists():
+        (db.data_dir / "pg_hba.conf").write_text(backup.read_text())
+        backup.unlink()
+
+
+def refuse_fenced(site: SiteKey, state: SiteState, what: str) -> None:
+    if state.database is not None and state.database.role == FENCED:
+        raise SiteError(f"{site.name} is fenced: it cannot be {what}")
+
+
+def _scalar(conn: psycopg.Connection[TupleRow], sql: bytes, *params: object) -> Any:
+    row = conn.execute(sql, params or None).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def write_standby_config(db: SiteDatabase, primary: DatabaseEndpoint) -> None:
+    """``standby.signal`` and ``primary_conninfo``, as ``pg_basebackup -R`` writes them.
+
+    pg_rewind copied the source's postgresql.auto.conf, whose primary_conninfo
+    (if the source was a standby once) names this very site: it is replaced.
+    """
+    auto = db.data_dir / "postgresql.auto.conf"
+    kept = [line for line in auto.read_text().splitlines()
+            if not line.strip().startswith("primary_conninfo")]
+    conninfo = f"user={primary.user} host={primary.host} port={primary.port}"
+    kept.append(f"primary_conninfo = '{conninfo}'")
+    auto.write_text("\n".join(kept) + "\n")
+    signal_file = db.data_dir / "standby.signal"
+    signal_file.touch()
+    shutil.copymode(auto, signal_file)
+    data_dir_owner = db.data_dir.stat()
+    os.chown(signal_file, data_dir_owner.st_uid, data_dir_owner.st_gid)
+
+
