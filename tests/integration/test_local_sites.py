@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -30,79 +27,31 @@ import pytest
 
 from cellplane_cells.migrate import available_migrations
 from cellplane_operator.errors import SiteError
-from cellplane_operator.localplane import Binaries
-from cellplane_operator.localplane.process import tail, wait_for
+from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.sites import (
     DatabaseEndpoint,
-    LocalSiteDriver,
     ServingSpec,
     SiteHealth,
     SiteKey,
     stop_all_sites,
 )
 from cellplane_operator.sites.processes import ProcessRecord, start_time
-from cellplane_operator.sites.state import SiteLayout, SiteState
+from cellplane_operator.sites.state import SiteLayout
+from sitefixtures import Sites, alive, run_sites
 
 PRIMARY = SiteKey("shared-a1", "region-a")
 STANDBY = SiteKey("shared-a1", "region-b")
 TOKEN = "admin-token-for-site-tests-0123456789"
 
 
-@dataclass
-class Sites:
-    state_dir: Path
-    binaries: Binaries
-    driver: LocalSiteDriver
-    seen: set[int] = field(default_factory=set)
-    """Every PID a test saw in a site.json: all must be gone after cleanup."""
-
-    def new_driver(self) -> LocalSiteDriver:
-        """What an operator restart makes: a driver that knows only the state dir."""
-        return LocalSiteDriver(self.binaries, self.state_dir)
-
-    def state(self, site: SiteKey) -> SiteState:
-        state = SiteState.load(SiteLayout(self.state_dir / site.name))
-        assert state is not None
-        self.seen.update(p.pid for p in state.processes.values())
-        return state
-
-    def pids(self, site: SiteKey) -> dict[str, int]:
-        return {role: p.pid for role, p in self.state(site).processes.items()}
-
-
-def _alive(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie may never be reaped on this machine)."""
-    return start_time(pid) is not None
+@pytest.fixture
+def sites(request: pytest.FixtureRequest) -> Iterator[Sites]:
+    yield from run_sites(request, "cellplane-sites-")
 
 
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(entry.decode().split("=", 1) for entry in raw if b"=" in entry)
-
-
-def _logs(state_dir: Path) -> str:
-    return "\n".join(f"===== {log} =====\n{tail(log, 40)}"
-                     for log in sorted(state_dir.glob("*/logs/*.log")))
-
-
-@pytest.fixture
-def sites(request: pytest.FixtureRequest) -> Iterator[Sites]:
-    state_dir = Path(tempfile.mkdtemp(prefix="cellplane-sites-"))
-    binaries = Binaries.discover()
-    found = Sites(state_dir, binaries, LocalSiteDriver(binaries, state_dir))
-    try:
-        yield found
-    finally:
-        for root in state_dir.iterdir():
-            if (state := SiteState.load(SiteLayout(root))) is not None:
-                found.seen.update(p.pid for p in state.processes.values())
-        stopped = stop_all_sites(state_dir)
-        report = getattr(request.node, "report_call", None)
-        if report is not None and report.failed:
-            sys.stderr.write(f"\n--- site logs in {state_dir} ---\n{_logs(state_dir)}\n")
-        left = sorted(pid for pid in found.seen | set(stopped) if _alive(pid))
-        shutil.rmtree(state_dir, ignore_errors=True)
-        assert not left, f"site processes outlived the fixture: {left}"
 
 
 def _grant(database: DatabaseEndpoint, epoch: int) -> None:
@@ -188,7 +137,7 @@ async def test_serving_answers_and_a_restarted_operator_adopts_every_process(sit
     assert await restarted.start_serving(PRIMARY, _spec(1)) == endpoints
 
     assert sites.pids(PRIMARY) == before
-    assert all(_alive(pid) for pid in before.values())
+    assert all(alive(pid) for pid in before.values())
     health_report = await restarted.check(PRIMARY)
     assert health_report.serving and health_report.database_up
     assert health_report.epoch == 1 and health_report.restarted == ()
@@ -225,7 +174,7 @@ async def test_processes_of_an_operator_that_exited_are_adopted_and_cleaned_up(
                    check=True, timeout=120)
     orphans = sites.pids(PRIMARY)
     assert set(orphans) == {"postgres", "api", "worker-0"}
-    assert all(_alive(pid) for pid in orphans.values())
+    assert all(alive(pid) for pid in orphans.values())
 
     await sites.driver.ensure_primary_database(PRIMARY)
     endpoints = await sites.driver.start_serving(PRIMARY, _spec(1, workers=1))
@@ -233,7 +182,7 @@ async def test_processes_of_an_operator_that_exited_are_adopted_and_cleaned_up(
     assert sites.pids(PRIMARY) == orphans
     assert _admin_health(endpoints.admin)["epoch"] == 1
     os.kill(orphans["api"], signal.SIGKILL)
-    wait_for(lambda: not _alive(orphans["api"]), timeout=10, what="the orphaned API to die")
+    wait_for(lambda: not alive(orphans["api"]), timeout=10, what="the orphaned API to die")
     assert (await sites.driver.check(PRIMARY)).restarted == ("api",)
 
     stopped = stop_all_sites(sites.state_dir)
@@ -256,8 +205,8 @@ async def test_a_new_epoch_replaces_every_process(sites: Sites) -> None:
     new = sites.pids(PRIMARY)
     assert new["postgres"] == old["postgres"]
     for role in ("api", "worker-0", "worker-1"):
-        assert not _alive(old[role]), f"{role} of epoch 1 still runs"
-        assert new[role] != old[role] and _alive(new[role])
+        assert not alive(old[role]), f"{role} of epoch 1 still runs"
+        assert new[role] != old[role] and alive(new[role])
         assert _environ(new[role])["CELLPLANE_CELL_EPOCH"] == "2"
     assert "shared-a1@region-a-w1-e2" in Path(f"/proc/{new['worker-1']}/cmdline").read_text()
     assert _admin_health(endpoints.admin)["epoch"] == 2
@@ -269,7 +218,7 @@ async def test_a_killed_api_is_restarted_by_check(sites: Sites) -> None:
     api = sites.pids(PRIMARY)["api"]
 
     os.kill(api, signal.SIGKILL)
-    wait_for(lambda: not _alive(api), timeout=10, what="the API to die")
+    wait_for(lambda: not alive(api), timeout=10, what="the API to die")
     health = await sites.new_driver().check(PRIMARY)
 
     assert health.restarted == ("api",)
@@ -284,7 +233,7 @@ async def test_a_killed_postgres_is_restarted_by_check(sites: Sites) -> None:
     postmaster = sites.pids(PRIMARY)["postgres"]
 
     os.kill(postmaster, signal.SIGKILL)
-    wait_for(lambda: not _alive(postmaster), timeout=10, what="postgres to die")
+    wait_for(lambda: not alive(postmaster), timeout=10, what="postgres to die")
     health = await sites.driver.check(PRIMARY)
 
     assert "postgres" in health.restarted and health.database_up
@@ -326,12 +275,12 @@ async def test_stop_all_sites_stops_every_process_of_every_site(sites: Sites) ->
     primary = await _serving(sites)
     await sites.driver.ensure_standby_database(STANDBY, primary)
     running = set(sites.pids(PRIMARY).values()) | set(sites.pids(STANDBY).values())
-    assert len(running) == 5 and all(_alive(pid) for pid in running)
+    assert len(running) == 5 and all(alive(pid) for pid in running)
 
     stopped = stop_all_sites(sites.state_dir)
 
     assert set(stopped) == running
-    assert not any(_alive(pid) for pid in running)
+    assert not any(alive(pid) for pid in running)
     # Intent stays: a later operator's check brings the site back, on the same ports.
     health = await sites.new_driver().check(PRIMARY)
     assert health.database_up and health.serving
@@ -415,14 +364,14 @@ async def test_stop_serving_keeps_the_database_and_destroy_removes_everything(si
     await sites.driver.stop_serving(PRIMARY)
 
     assert set(sites.pids(PRIMARY)) == {"postgres"}
-    assert not _alive(pids["api"]) and not _alive(pids["worker-0"]) and _alive(pids["postgres"])
+    assert not alive(pids["api"]) and not alive(pids["worker-0"]) and alive(pids["postgres"])
     health = await sites.driver.check(PRIMARY)
     assert health.database_up and not health.serving and health.restarted == ()
     assert health.epoch is None and health.endpoints is None
 
     await sites.driver.destroy(PRIMARY)
 
-    assert not _alive(pids["postgres"])
+    assert not alive(pids["postgres"])
     assert not (sites.state_dir / PRIMARY.name).exists()
     health = await sites.driver.check(PRIMARY)
     assert not health.database_up and not health.serving and health.endpoints is None

@@ -15,26 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import errors
 
-from cellplane_operator.localplane import Binaries
 from cellplane_operator.localplane.postgres import postgres_os_user
-from cellplane_operator.localplane.process import tail
-from cellplane_operator.sites import DatabaseEndpoint, LocalSiteDriver, SiteKey, stop_all_sites
-from cellplane_operator.sites.processes import start_time
-from cellplane_operator.sites.state import DatabaseIntent, SiteLayout, SiteState
+from cellplane_operator.sites import DatabaseEndpoint, SiteKey
+from cellplane_operator.sites.state import DatabaseIntent
+from sitefixtures import Sites, alive, run_sites
 
 OLD = SiteKey("shared-f1", "region-a")
 """The primary that is lost, comes back, is fenced and rebuilt."""
@@ -46,47 +39,9 @@ STRANGER = SiteKey("shared-f1", "region-c")
 CREATE_TABLE = "CREATE TABLE probe (id int PRIMARY KEY, note text NOT NULL)"
 
 
-@dataclass
-class Sites:
-    state_dir: Path
-    binaries: Binaries
-    driver: LocalSiteDriver
-    seen: set[int] = field(default_factory=set)
-
-    def layout(self, site: SiteKey) -> SiteLayout:
-        return SiteLayout(self.state_dir / site.name)
-
-    def state(self, site: SiteKey) -> SiteState:
-        state = SiteState.load(self.layout(site))
-        assert state is not None
-        self.seen.update(p.pid for p in state.processes.values())
-        return state
-
-
-def _alive(pid: int) -> bool:
-    return start_time(pid) is not None
-
-
 @pytest.fixture
 def sites(request: pytest.FixtureRequest) -> Iterator[Sites]:
-    state_dir = Path(tempfile.mkdtemp(prefix="cellplane-failover-"))
-    binaries = Binaries.discover()
-    found = Sites(state_dir, binaries, LocalSiteDriver(binaries, state_dir))
-    try:
-        yield found
-    finally:
-        for root in state_dir.iterdir():
-            if (state := SiteState.load(SiteLayout(root))) is not None:
-                found.seen.update(p.pid for p in state.processes.values())
-        stopped = stop_all_sites(state_dir)
-        report = getattr(request.node, "report_call", None)
-        if report is not None and report.failed:
-            logs = "\n".join(f"===== {log} =====\n{tail(log, 40)}"
-                             for log in sorted(state_dir.glob("*/logs/*.log")))
-            sys.stderr.write(f"\n--- site logs in {state_dir} ---\n{logs}\n")
-        left = sorted(pid for pid in found.seen | set(stopped) if _alive(pid))
-        shutil.rmtree(state_dir, ignore_errors=True)
-        assert not left, f"site processes outlived the fixture: {left}"
+    yield from run_sites(request, "cellplane-failover-")
 
 
 def _execute(database: DatabaseEndpoint, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -167,7 +122,7 @@ async def test_promote_fence_and_rebuild_lose_only_the_stale_primary_write(
         before_fence.close()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(old.conninfo, connect_timeout=2).close()
-    assert not _alive(old_postmaster)
+    assert not alive(old_postmaster)
     assert any("fenced in" in r.getMessage() and "(1 sessions terminated)" in r.getMessage()
                for r in caplog.records), "the open session was not terminated before the stop"
     layout = sites.layout(OLD)
