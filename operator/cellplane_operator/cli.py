@@ -2,6 +2,7 @@
 
     cellplane operator --region R --etcd HOST:PORT,...   run the regional operator (kopf)
     cellplane router --etcd HOST:PORT,... [--port P]     the edge router
+    cellplane sites stop --state-dir DIR  stop the site processes an operator left running
     cellplane local up [--regions a,b,c]  start etcd, kube-apiserver and the CRDs
     cellplane demo                        the local demo: 3 regions, their operators, Cells, Tenants
     cellplane cell {migrate,work,serve}   a cell's own processes
@@ -112,6 +113,14 @@ def _parser() -> argparse.ArgumentParser:
                       help="bound of one etcd operation over all members")
     hold.set_defaults(run=_run_hold)
 
+    sites = commands.add_parser("sites", help="the local sites an operator started")
+    sites_commands = sites.add_subparsers(title="sites commands")
+    sites_stop = sites_commands.add_parser(
+        "stop", help="stop every process of every site under a state dir (they outlive the "
+        "operator by design, so a restarted operator adopts them)")
+    sites_stop.add_argument("--state-dir", type=Path, required=True)
+    sites_stop.set_defaults(run=_run_sites_stop)
+
     router = commands.add_parser("router", help="run the edge router of a region")
     router.add_argument("--etcd", default=os.environ.get("CELLPLANE_ETCD", ""),
                         help="comma-separated host:port of the etcd members (env CELLPLANE_ETCD)")
@@ -164,6 +173,18 @@ def _run_operator(args: argparse.Namespace) -> int:
     memo = kopf.Memo(settings=settings, driver=driver)
     asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
                               liveness_endpoint=args.liveness))
+    return EXIT_OK
+
+
+def _run_sites_stop(args: argparse.Namespace) -> int:
+    from cellplane_operator.sites.local import stop_all_sites
+
+    if not args.state_dir.is_dir():
+        print(f"cellplane sites stop: no state dir {args.state_dir}", file=sys.stderr)
+        return EXIT_FAILED
+    stopped = stop_all_sites(args.state_dir)
+    print(f"stopped {len(stopped)} process(es)" + (f": {' '.join(map(str, stopped))}"
+                                                   if stopped else ""))
     return EXIT_OK
 
 
