@@ -172,16 +172,9 @@ class LeaseHolder:
             self._set(lost_race(self.state))
             await self._table.store.revoke_lease(lease_id)
             return
-        self._set(acquired(self.state, epoch=record.epoch, lease_id=lease_id, sent_at=sent_at,
-                           ttl=ttl))
-        self._renewal_due = sent_at + self._settings.renew_interval_seconds
-        remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
-        if remaining <= 0:
-            return
-        log.info("%s: acquired at epoch %d by %s/%s", cell, record.epoch, self._identity.region,
-                 self._identity.site)
-        self._acting_epoch = record.epoch
-        await self._actor.start_acting(record.epoch, remaining)
+        await self._own(record.epoch, lease_id, sent_at=sent_at, ttl=ttl,
+                        how=f"acquired at epoch {record.epoch} by {self._identity.region}/"
+                            f"{self._identity.site}")
 
     async def _adopt(self, owner: OwnerRecord) -> None:
         """Continue our predecessor's lease: renew it once, then own under its epoch."""
@@ -191,16 +184,21 @@ class LeaseHolder:
             log.info("%s: the previous holder's lease had ended; competing as usual",
                      self._identity.cell)
             return
-        self._set(acquired(self.state, epoch=owner.epoch, lease_id=owner.lease_id,
-                           sent_at=sent_at, ttl=ttl))
+        await self._own(owner.epoch, owner.lease_id, sent_at=sent_at, ttl=ttl,
+                        how=f"adopted the live lease of epoch {owner.epoch} from this site's "
+                            "previous holder")
+
+    async def _own(self, epoch: int, lease_id: int, *, sent_at: float, ttl: int, how: str) -> None:
+        """We hold ``lease_id`` under ``epoch``, confirmed by a request sent at ``sent_at``:
+        become owner and, if time is left before the margin, start the group's work."""
+        self._set(acquired(self.state, epoch=epoch, lease_id=lease_id, sent_at=sent_at, ttl=ttl))
         self._renewal_due = sent_at + self._settings.renew_interval_seconds
         remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
         if remaining <= 0:
             return
-        log.info("%s: adopted the live lease of epoch %d from this site's previous holder",
-                 self._identity.cell, owner.epoch)
-        self._acting_epoch = owner.epoch
-        await self._actor.start_acting(owner.epoch, remaining)
+        log.info("%s: %s", self._identity.cell, how)
+        self._acting_epoch = epoch
+        await self._actor.start_acting(epoch, remaining)
 
     async def _renew(self) -> None:
         assert self.state.lease_id is not None and self.state.epoch is not None

@@ -167,11 +167,13 @@ class CellSiteRunner:
         return await self._check()
 
     async def _report_cell_status(self, health: SiteHealth, serving: bool) -> None:
-        try:
-            reports = await self._ctx.reports.read_cell(self.cell.name)
-        except CellplaneError as error:
-            log.warning("%s: cannot read standby reports: %s", self.site.name, error)
-            return
+        reports: dict[str, SiteReport] = {}
+        if self.cell.standby_regions:  # an etcd read a second per cell, only where it tells something
+            try:
+                reports = await self._ctx.reports.read_cell(self.cell.name)
+            except CellplaneError as error:
+                log.warning("%s: cannot read standby reports: %s", self.site.name, error)
+                return
         standbys = tuple(
             StandbyReport(region, report.streaming, report.lag_seconds, report.message)
             for region, report in reports.items() if region != self._ctx.region)

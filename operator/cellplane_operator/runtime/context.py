@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cellplane_operator.cellclient import CellAdminClient
@@ -36,6 +36,7 @@ class RegionContext:
     cells: CellAdminClient
     cache: ObjectCache
     reports: SiteReports
+    _admin_tokens: dict[str, str] = field(default_factory=dict)
 
     @property
     def region(self) -> str:
@@ -53,7 +54,21 @@ class RegionContext:
             log.warning("could not post event %s: %s", reason, error)
 
     async def cell_admin_token(self, cell: str) -> str:
-        """The cell's admin token, kept in a Secret; made by whoever asks first."""
+        """The cell's admin token, kept in a Secret; made by whoever asks first.
+
+        Read from the apiserver once per cell and remembered: a token never changes
+        while its cell exists, and every provisioning of a tenant asks for it.
+        """
+        if (known := self._admin_tokens.get(cell)) is not None:
+            return known
+        token = await self._read_or_make_admin_token(cell)
+        self._admin_tokens[cell] = token
+        return token
+
+    def forget_cell(self, cell: str) -> None:
+        self._admin_tokens.pop(cell, None)
+
+    async def _read_or_make_admin_token(self, cell: str) -> str:
         name = f"cell-{cell}-admin"
         namespace = self.settings.namespace
         found = await self.kube.get(SECRETS, name, namespace=namespace)

@@ -81,6 +81,9 @@ class RegionRuntime:
                       body: dict[str, Any] | None) -> None:
         assert self.ctx is not None
         running = self._sites.get(name)
+        if body is None:
+            # A cell of that name created later gets a new token.
+            self.ctx.forget_cell(name)
         role = None
         if body is not None:
             try:
