@@ -19,7 +19,7 @@ import httpx
 from cellplane_operator.errors import KubeApiError, KubeConflictError, KubeNotFoundError
 from cellplane_operator.kube.config import KubeConfig
 
-__all__ = ["KubeClient", "Resource", "CELLS", "TENANTS", "TENANTMOVES", "SECRETS", "NAMESPACES",
+__all__ = ["KubeClient", "Resource", "CELLS", "TENANTS", "TENANTMOVES", "SECRETS", "NAMESPACES", "CONFIGMAPS",
            "EVENTS"]
 
 
@@ -56,6 +56,7 @@ TENANTMOVES = Resource("cellplane.io", "v1alpha1", "tenantmoves", "TenantMove", 
 SECRETS = Resource("", "v1", "secrets", "Secret", namespaced=True)
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 
 _PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json"}
 
