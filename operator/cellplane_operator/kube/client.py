@@ -19,8 +19,8 @@ import httpx
 from cellplane_operator.errors import KubeApiError, KubeConflictError, KubeNotFoundError
 from cellplane_operator.kube.config import KubeConfig
 
-__all__ = ["KubeClient", "Resource", "CELLS", "TENANTS", "TENANTMOVES", "SECRETS", "NAMESPACES", "CONFIGMAPS",
-           "EVENTS"]
+__all__ = ["KubeClient", "Resource", "CELLS", "TENANTS", "TENANTMOVES", "SECRETS", "NAMESPACES",
+           "EVENTS", "CONFIGMAPS"]
 
 
 @dataclass(frozen=True)
