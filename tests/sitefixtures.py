@@ -8,7 +8,9 @@ test failed, and every PID the test saw must be gone.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ import pytest
 from cellplane_operator.localplane import Binaries
 from cellplane_operator.localplane.process import tail
 from cellplane_operator.sites import LocalSiteDriver, SiteKey, stop_all_sites
+from cellplane_operator.sites.database import parse_control_data
 from cellplane_operator.sites.processes import start_time
 from cellplane_operator.sites.state import SiteLayout, SiteState
 
@@ -47,6 +50,18 @@ class Sites:
 
     def pids(self, site: SiteKey) -> dict[str, int]:
         return {role: p.pid for role, p in self.state(site).processes.items()}
+
+    def control_data(self, site: SiteKey) -> dict[str, str]:
+        """pg_controldata of the site's data dir, by label."""
+        report = subprocess.run(
+            [self.binaries.pg("pg_controldata"), "-D", str(self.layout(site).data_dir)],
+            capture_output=True, text=True, check=True, env={**os.environ, "LC_ALL": "C"},
+            stdin=subprocess.DEVNULL, timeout=60).stdout
+        return parse_control_data(report)
+
+    def postgres_log(self, site: SiteKey) -> str:
+        """What the site's Postgres and its helpers (pg_rewind, pg_basebackup) said."""
+        return self.layout(site).log("postgres").read_text(errors="replace")
 
 
 def alive(pid: int) -> bool:

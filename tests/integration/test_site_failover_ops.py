@@ -4,7 +4,10 @@ Promote a standby, fence the old primary, rebuild it as a standby of the new
 one (pg_rewind, or a base backup when rewind is impossible), and the two
 measurements the region-loss issue asks for: ``default_transaction_read_only``
 is no fence, and pg_rewind without a CHECKPOINT on the new primary finds
-"no rewind required".
+"no rewind required". Then the planned handover (demote cleanly, wait for the
+standby to replay the shutdown checkpoint, promote), reading a fenced old
+primary over its private socket, and re-pointing a standby of the old primary
+at the promoted one.
 
 As in ``test_local_sites.py``, the state dir is a fresh directory under the
 system temp dir (Postgres runs as the ``postgres`` OS user, which cannot enter
@@ -14,18 +17,24 @@ pytest's ``tmp_path``), and the fixture checks that every site PID is gone.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import os
+import pwd
+import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import errors
 
+from cellplane_operator.errors import SiteError
 from cellplane_operator.localplane.postgres import postgres_os_user
 from cellplane_operator.sites import DatabaseEndpoint, SiteKey
+from cellplane_operator.sites.base import wal_position
 from cellplane_operator.sites.state import DatabaseIntent
 from sitefixtures import Sites, alive, run_sites
 
@@ -35,6 +44,8 @@ NEW = SiteKey("shared-f1", "region-b")
 """Its standby, promoted."""
 STRANGER = SiteKey("shared-f1", "region-c")
 """A primary of its own cluster: pg_rewind cannot make it a standby of NEW."""
+OTHER = SiteKey("shared-f1", "region-d")
+"""A second standby of OLD, re-pointed at NEW once NEW is promoted."""
 
 CREATE_TABLE = "CREATE TABLE probe (id int PRIMARY KEY, note text NOT NULL)"
 
@@ -59,12 +70,30 @@ def _ids(database: DatabaseEndpoint) -> set[int]:
     return {row[0] for row in _execute(database, "SELECT id FROM probe")}
 
 
-async def _until(condition: Any, *, timeout: float, what: str) -> None:
+async def _until(condition: Callable[[], bool | Awaitable[bool]], *, timeout: float,
+                 what: str) -> None:
     deadline = time.monotonic() + timeout
-    while not condition():
+    while True:
+        met = condition()
+        if await met if inspect.isawaitable(met) else met:
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
+
+
+async def _replayed(sites: Sites, site: SiteKey, lsn: str) -> bool:
+    """The standby's replay, as ``check`` reports it, has reached ``lsn``."""
+    replay = (await sites.driver.check(site)).replay_lsn
+    return replay is not None and wal_position(replay) >= wal_position(lsn)
+
+
+def _sender_port(standby: DatabaseEndpoint) -> int:
+    """The port of the server the standby streams from right now."""
+    rows = _execute(standby,
+                    "SELECT sender_port FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+    assert len(rows) == 1, rows
+    return int(rows[0][0])
 
 
 async def _pair(sites: Sites) -> tuple[DatabaseEndpoint, DatabaseEndpoint]:
@@ -231,3 +260,227 @@ async def test_pg_rewind_without_checkpoint_on_the_new_primary_finds_nothing_to_
     print(f"\nPG_REWIND after checkpoint:\n{output}")
     assert "no rewind required" not in output
     assert "servers diverged at WAL location" in output
+
+
+async def test_a_clean_handover_loses_nothing_and_the_old_primary_follows_the_new_one(
+        sites: Sites, caplog: pytest.LogCaptureFixture) -> None:
+    """Demote OLD, wait until NEW's replay reaches the demote's LSN, promote NEW: NEW has
+    every row OLD committed, and OLD rebuilt as its standby needs no rewind at all."""
+    caplog.set_level(logging.INFO, logger="cellplane_operator.sites")
+    assert await sites.driver.database_role(OLD) is None
+    old, new = await _pair(sites)
+    assert await sites.driver.database_role(OLD) == "primary"
+    assert await sites.driver.database_role(NEW) == "standby"
+    primary_health = await sites.driver.check(OLD)
+    assert primary_health.replay_lsn is None and primary_health.receive_lsn is None
+    standby_health = await sites.driver.check(NEW)
+    assert standby_health.replay_lsn is not None and standby_health.receive_lsn is not None
+    _insert(old, 4, 5, note="committed just before the handover")
+    postmaster = sites.pids(OLD)["postgres"]
+
+    began = time.monotonic()
+    lsn = await sites.driver.demote_for_handover(OLD)
+    demote_seconds = time.monotonic() - began
+
+    assert not alive(postmaster)
+    assert await sites.driver.database_role(OLD) == "demoted"
+    control = sites.control_data(OLD)
+    assert control["Database cluster state"] == "shut down"
+    assert control["Latest checkpoint location"] == lsn
+    assert await sites.driver.demote_for_handover(OLD) == lsn  # idempotent
+    for _ in range(2):
+        health = await sites.driver.check(OLD)
+        assert not health.database_up and health.restarted == ()
+        assert "postgres" not in sites.state(OLD).processes
+    began = time.monotonic()
+    await _until(lambda: _replayed(sites, NEW, lsn), timeout=30,
+                 what="NEW to replay the shutdown checkpoint")
+    catch_up_seconds = time.monotonic() - began
+    assert _ids(new) == {1, 2, 3, 4, 5}
+
+    await sites.driver.promote_database(NEW)
+    _insert(new, 10, note="on the new primary, after the handover")
+    began = time.monotonic()
+    assert await sites.driver.rebuild_as_standby(OLD, new) == old
+    rebuild_seconds = time.monotonic() - began
+
+    assert "no rewind required" in sites.postgres_log(OLD)
+    assert any("rebuilt as a standby" in r.getMessage() and "by pg_rewind" in r.getMessage()
+               for r in caplog.records)
+    assert await sites.driver.database_role(OLD) == "standby"
+    await _until(lambda: 10 in _ids(old), timeout=30, what="row 10 to stream to OLD")
+    assert _ids(old) == {1, 2, 3, 4, 5, 10}
+    assert _sender_port(old) == new.port
+    print(f"\nTIMING demote {demote_seconds:.2f}s, standby caught up {catch_up_seconds:.2f}s "
+          f"after it, rebuild (no rewind required) {rebuild_seconds:.2f}s")
+
+
+async def test_a_demoted_primary_stays_down_until_the_handover_is_given_up(sites: Sites) -> None:
+    """Demoted, OLD is neither restarted by ``check`` nor usable as anything but a primary
+    again: ``ensure_primary_database`` (the abort path) starts it, closing a reading of it
+    first, and its standby streams from it again."""
+    old, new = await _pair(sites)
+    with pytest.raises(SiteError, match="not a primary"):
+        await sites.driver.demote_for_handover(NEW)
+    await sites.driver.demote_for_handover(OLD)
+    with pytest.raises(SiteError, match="demoted"):
+        await sites.driver.promote_database(OLD)
+    with pytest.raises(SiteError, match="demoted"):
+        await sites.driver.ensure_standby_database(OLD, new)
+    health = await sites.driver.check(OLD)
+    assert not health.database_up and health.restarted == ()
+
+    reading = await sites.driver.open_fenced_for_reading(OLD)
+    with psycopg.connect(reading, connect_timeout=5) as conn:
+        assert {row[0] for row in conn.execute("SELECT id FROM probe")} == {1, 2, 3}
+    began = time.monotonic()
+    assert await sites.driver.ensure_primary_database(OLD) == old
+    abort_seconds = time.monotonic() - began
+
+    assert sites.state(OLD).database == DatabaseIntent("primary")
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(reading, connect_timeout=2).close()
+    _insert(old, 6, note="after the handover was given up")
+    await _until(lambda: 6 in _ids(new), timeout=30, what="NEW to stream from OLD again")
+    health = await sites.driver.check(OLD)
+    assert health.database_up and health.in_recovery is False and health.restarted == ()
+    print(f"\nTIMING handover given up (reading closed, started as primary) {abort_seconds:.2f}s")
+
+
+async def test_demote_refuses_a_primary_that_crashed(sites: Sites) -> None:
+    """After a crash the last checkpoint is not the end of the WAL: no LSN is returned, and
+    ``ensure_primary_database`` recovers the site and keeps what it committed."""
+    old = await sites.driver.ensure_primary_database(OLD)
+    _execute(old, CREATE_TABLE)
+    _insert(old, 1, note="before the crash")
+    postmaster = sites.pids(OLD)["postgres"]
+    os.kill(postmaster, signal.SIGKILL)
+    await _until(lambda: not alive(postmaster), timeout=10, what="the postmaster to die")
+
+    with pytest.raises(SiteError, match="not shut down cleanly"):
+        await sites.driver.demote_for_handover(OLD)
+
+    assert await sites.driver.database_role(OLD) == "demoted"
+    assert await sites.driver.ensure_primary_database(OLD) == old
+    assert _ids(old) == {1}
+
+
+async def test_a_fenced_primary_that_crashed_opens_for_reading_over_a_private_socket_only(
+        sites: Sites, caplog: pytest.LogCaptureFixture) -> None:
+    """OLD took a stale write, crashed and was fenced while down. Opened for reading, it
+    recovers, shows the stale row over the returned conninfo, takes no write, listens on no
+    TCP port, and is not restarted by ``check``; closed, it rewinds onto NEW."""
+    caplog.set_level(logging.INFO, logger="cellplane_operator.sites")
+    old, new = await _pair(sites)
+    await sites.driver.promote_database(NEW)
+    _insert(new, 10, 11, note="on the new primary")
+    _insert(old, 100, note="stale primary, after the promotion")
+    postmaster = sites.pids(OLD)["postgres"]
+    os.kill(postmaster, signal.SIGKILL)
+    await _until(lambda: not alive(postmaster), timeout=10, what="the postmaster to die")
+    await sites.driver.fence_database(OLD)
+    with pytest.raises(SiteError, match="fenced"):
+        await sites.driver.ensure_primary_database(OLD)
+
+    began = time.monotonic()
+    reading = await sites.driver.open_fenced_for_reading(OLD)
+    open_seconds = time.monotonic() - began
+
+    assert "automatic recovery in progress" in sites.postgres_log(OLD)
+    with psycopg.connect(reading, autocommit=True, connect_timeout=5) as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == ("cellplane",)
+        assert {row[0] for row in conn.execute("SELECT id FROM probe")} == {1, 2, 3, 100}
+        with pytest.raises(errors.ReadOnlySqlTransaction):
+            conn.execute("INSERT INTO probe VALUES (101, 'a reader takes no write')")
+    with pytest.raises(psycopg.OperationalError, match="Connection refused"):
+        psycopg.connect(old.conninfo, connect_timeout=2).close()
+    layout = sites.layout(OLD)
+    private = (layout.root / "reading").stat()
+    assert private.st_mode & 0o777 == 0o700
+    if (os_user := postgres_os_user()) is not None:
+        assert private.st_uid == pwd.getpwnam(os_user).pw_uid
+    assert "reject" in (layout.data_dir / "pg_hba.conf").read_text()
+    reader = sites.pids(OLD)["postgres"]
+    health = await sites.driver.check(OLD)
+    assert not health.database_up and health.restarted == ()
+    assert await sites.driver.database_role(OLD) == "fenced"
+    assert await sites.driver.open_fenced_for_reading(OLD) == reading  # idempotent: adopted
+    assert sites.pids(OLD)["postgres"] == reader
+
+    began = time.monotonic()
+    await sites.driver.close_fenced_reading(OLD)
+    close_seconds = time.monotonic() - began
+    assert not alive(reader)
+    assert sites.control_data(OLD)["Database cluster state"] == "shut down"
+    await sites.driver.close_fenced_reading(OLD)  # idempotent
+
+    await sites.driver.rebuild_as_standby(OLD, new)
+    assert "servers diverged at WAL location" in sites.postgres_log(OLD)
+    assert not any("falling back" in r.getMessage() for r in caplog.records)
+    assert _ids(old) == {1, 2, 3, 10, 11}
+    print(f"\nTIMING open for reading after a crash {open_seconds:.2f}s, "
+          f"close {close_seconds:.2f}s")
+
+
+@pytest.mark.parametrize("after", ["handover", "failover"])
+async def test_a_standby_of_the_old_primary_is_repointed_at_the_promoted_one(
+        sites: Sites, caplog: pytest.LogCaptureFixture, after: str) -> None:
+    """OTHER, a second standby of OLD, is re-pointed at NEW by ``ensure_standby_database``.
+    After a handover both standbys replayed all of OLD, so pg_rewind finds nothing to do;
+    after a failover OTHER replayed a stale write NEW never had, so pg_rewind removes it."""
+    caplog.set_level(logging.INFO, logger="cellplane_operator.sites")
+    old, new = await _pair(sites)
+    other = await sites.driver.ensure_standby_database(OTHER, old)
+    await _until(lambda: _ids(other) == {1, 2, 3}, timeout=30, what="OTHER to replay 1-3")
+    if after == "handover":
+        lsn = await sites.driver.demote_for_handover(OLD)
+        for standby in (NEW, OTHER):
+            await _until(lambda: _replayed(sites, standby, lsn), timeout=30,
+                         what=f"{standby.name} to replay the shutdown checkpoint")
+        await sites.driver.promote_database(NEW)
+    else:
+        await sites.driver.promote_database(NEW)
+        _insert(old, 100, note="stale primary: OTHER replays it, NEW never has it")
+        await _until(lambda: 100 in _ids(other), timeout=30, what="OTHER to replay row 100")
+        await sites.driver.fence_database(OLD)
+    _insert(new, 10, note="on the new primary")
+
+    began = time.monotonic()
+    assert await sites.driver.ensure_standby_database(OTHER, new) == other
+    repoint_seconds = time.monotonic() - began
+
+    said = sites.postgres_log(OTHER)
+    if after == "handover":
+        assert "no rewind required" in said
+    else:
+        assert "servers diverged at WAL location" in said
+    assert any("re-pointed as a standby" in r.getMessage() and "by pg_rewind" in r.getMessage()
+               for r in caplog.records)
+    assert sites.state(OTHER).database == DatabaseIntent("standby", new.host, new.port)
+    await _until(lambda: 10 in _ids(other), timeout=30, what="row 10 to stream to OTHER")
+    assert _ids(other) == {1, 2, 3, 10}
+    assert _sender_port(other) == new.port
+    health = await sites.driver.check(OTHER)
+    assert health.in_recovery and health.streaming and health.restarted == ()
+    postmaster = sites.pids(OTHER)["postgres"]
+    assert await sites.driver.ensure_standby_database(OTHER, new) == other  # idempotent
+    assert sites.pids(OTHER)["postgres"] == postmaster
+    print(f"\nTIMING re-point after a {after} {repoint_seconds:.2f}s")
+
+
+async def test_check_does_not_start_a_standby_without_its_standby_signal(sites: Sites) -> None:
+    """A re-point cut short after pg_rewind (which removes standby.signal) leaves a standby
+    that would come up as a primary: ``check`` leaves it down until the signal is back."""
+    _, new = await _pair(sites)
+    postmaster = sites.pids(NEW)["postgres"]
+    os.kill(postmaster, signal.SIGKILL)
+    await _until(lambda: not alive(postmaster), timeout=10, what="the postmaster to die")
+    signal_file = sites.layout(NEW).data_dir / "standby.signal"
+    signal_file.rename(signal_file.with_suffix(".away"))
+
+    health = await sites.driver.check(NEW)
+    assert not health.database_up and health.restarted == ()
+
+    signal_file.with_suffix(".away").rename(signal_file)
+    health = await sites.driver.check(NEW)
+    assert health.database_up and health.in_recovery and health.restarted == ("postgres",)

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = ["SiteKey", "ServingSpec", "DatabaseEndpoint", "SiteEndpoints", "SiteHealth",
-           "SiteDriver"]
+           "SiteDriver", "wal_position"]
+
+
+def wal_position(lsn: str) -> int:
+    """A WAL location as Postgres prints it (``'0/3000028'``) as a number, for comparing."""
+    high, low = lsn.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
 
 
 @dataclass(frozen=True)
@@ -77,19 +83,50 @@ class SiteHealth:
     """A standby's replay lag behind its primary; None on a primary or when unknown."""
     streaming: bool = False
     """A standby receives WAL from its primary right now."""
+    replay_lsn: str | None = None
+    """How far a standby has replayed (``pg_last_wal_replay_lsn``); None on a primary or down."""
+    receive_lsn: str | None = None
+    """How far a standby has received WAL (``pg_last_wal_receive_lsn``); None on a primary,
+    when down, or when it has streamed nothing since it started."""
 
 
 class SiteDriver(Protocol):
     async def ensure_primary_database(self, site: SiteKey) -> DatabaseEndpoint:
         """A running, migrated primary database for the site: adopted if it runs, started
-        if it is stopped, created if it does not exist. Idempotent."""
+        if it is stopped, created if it does not exist. A demoted site starts as primary
+        again (a handover given up); a fenced one is refused. Idempotent."""
 
     async def ensure_standby_database(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
-        """A running standby of ``primary`` for the site (base backup on first use). Idempotent."""
+        """A running standby of ``primary`` for the site (base backup on first use). A standby
+        of another primary (another standby was promoted in its place) is re-pointed: rewound
+        onto ``primary``'s timeline, or cloned afresh when that fails. Idempotent."""
 
     async def promote_database(self, site: SiteKey) -> DatabaseEndpoint:
         """The site's standby becomes a primary, then checkpoints (without that checkpoint
         pg_rewind against it wrongly finds nothing to rewind). Idempotent on a primary."""
+
+    async def database_role(self, site: SiteKey) -> str | None:
+        """The database intent recorded for the site: ``primary``, ``standby``, ``fenced``,
+        ``demoted``, or None when it has no database yet. Reads the record only and touches no
+        process, so the operator can ask before anything that could start an old primary."""
+
+    async def demote_for_handover(self, site: SiteKey) -> str:
+        """A planned switchover's first step: the primary's Postgres is stopped cleanly and
+        kept down (role ``demoted``: ``check`` does not restart it). Returns the location of
+        its shutdown checkpoint (``'0/3000028'``), the end of all it wrote: a standby that has
+        replayed up to it holds every write. Idempotent: a demoted site returns the same
+        location. Raises when the server had crashed (its end of WAL is then unknown);
+        ``ensure_primary_database`` brings a demoted site back either way."""
+
+    async def open_fenced_for_reading(self, site: SiteKey) -> str:
+        """The fenced or demoted site's Postgres, started read-only where only this operator
+        reaches it (no TCP listener; a private unix socket), so its data can be read before a
+        rebuild discards it. Runs crash recovery when it had crashed. Returns a libpq conninfo
+        for the cell database. The role stays fenced or demoted. Idempotent."""
+
+    async def close_fenced_reading(self, site: SiteKey) -> None:
+        """Stops what ``open_fenced_for_reading`` started (a clean shutdown, as pg_rewind
+        needs). Idempotent; a no-op when it is not open."""
 
     async def fence_database(self, site: SiteKey) -> None:
         """The site's Postgres, an old primary, is fenced: every connection rejected, every
@@ -97,8 +134,9 @@ class SiteDriver(Protocol):
         the server is already down only its configuration changes."""
 
     async def rebuild_as_standby(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
-        """The fenced site becomes a streaming standby of ``primary``: pg_rewind, or a fresh
-        base backup when rewind fails. What the site committed past the fork is lost."""
+        """The fenced or demoted site becomes a streaming standby of ``primary``: pg_rewind, or
+        a fresh base backup when rewind fails. What the site committed past the fork is lost
+        (after a clean handover there is nothing past it)."""
 
     async def start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
         """API and workers under ``spec.epoch``. Processes already running under that epoch

@@ -11,6 +11,8 @@ Every method blocks; the driver calls them in threads.
 
 from __future__ import annotations
 
+import os
+import pwd
 import signal
 import subprocess
 import time
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from cellplane_operator.errors import CellplaneError, SiteError
 from cellplane_operator.localplane.binaries import Binaries
@@ -34,23 +37,35 @@ from cellplane_operator.sites.base import DatabaseEndpoint
 from cellplane_operator.sites.processes import ProcessRecord, spawn, start_time, stop_processes
 from cellplane_operator.sites.state import SiteLayout
 
-__all__ = ["SiteDatabase", "DatabaseHealth", "CELL_DBNAME", "running_postmaster", "stop_postgres"]
+__all__ = ["SiteDatabase", "DatabaseHealth", "CELL_DBNAME", "running_postmaster", "stop_postgres",
+           "parse_control_data"]
 
 CELL_DBNAME = "cellplane"
 """The database that holds a cell's tables, on every site."""
 
-# One statement, so the three readings are of one moment. Lag is 0 when every
+# One statement, so the readings are of one moment. Lag is 0 when every
 # received byte is replayed (an idle primary writes nothing to replay, and
-# now() - last replay timestamp would grow forever); NULL on a primary.
+# now() - last replay timestamp would grow forever). Lag and locations are NULL
+# on a primary: a promoted one keeps reporting where its recovery ended.
 HEALTH_SQL = b"""
 SELECT pg_is_in_recovery(),
        (SELECT status FROM pg_stat_wal_receiver LIMIT 1),
        CASE WHEN NOT pg_is_in_recovery() THEN NULL
             WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0
             ELSE extract(epoch FROM now() - pg_last_xact_replay_timestamp())
-       END
+       END,
+       CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()::text END,
+       CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn()::text END
 """
 DATABASE_EXISTS_SQL = b"SELECT 1 FROM pg_database WHERE datname = %s"
+# The hba file of a site opened for reading: it listens on a private socket only,
+# and whoever can enter that directory is this operator (or root).
+READING_HBA = """\
+# cellplane: an old primary opened for reading over its private socket; no TCP listener.
+local   all             all                             trust
+"""
+SOCKET_PATH_MAX = 107
+"""sun_path holds 108 bytes, the last one a NUL."""
 
 START_TIMEOUT = 60.0
 STOP_GRACE = 30.0
@@ -65,6 +80,8 @@ class DatabaseHealth:
     in_recovery: bool
     streaming: bool
     replay_lag_seconds: float | None
+    replay_lsn: str | None
+    receive_lsn: str | None
 
 
 class SiteDatabase:
@@ -97,9 +114,14 @@ class SiteDatabase:
     def running_postmaster(self) -> ProcessRecord | None:
         return running_postmaster(self._layout)
 
-    def accepts_connections(self) -> bool:
+    def reading_dsn(self, dbname: str = "postgres") -> str:
+        """Over the private socket of ``start_for_reading``."""
+        return make_conninfo(host=str(self._layout.reading_dir), port=self.port, user=SUPERUSER,
+                             dbname=dbname)
+
+    def accepts_connections(self, dsn: str | None = None) -> bool:
         try:
-            with psycopg.connect(self.dsn(), connect_timeout=2) as conn:
+            with psycopg.connect(dsn or self.dsn(), connect_timeout=2) as conn:
                 conn.execute("SELECT 1")
             return True
         except psycopg.OperationalError:
@@ -129,16 +151,55 @@ class SiteDatabase:
         ``on_spawn`` records the process before the wait, so a start that times
         out still leaves a PID behind for the next stop.
         """
+        return self._start(postgres_argv(self._binaries, self.data_dir, self.port), on_spawn,
+                           ready=self.wait_ready)
+
+    def start_for_reading(self, on_spawn: Callable[[ProcessRecord], None]) -> ProcessRecord:
+        """Starts the postmaster read-only, reachable over a private unix socket and nothing else.
+
+        Every setting is on the command line, so the data directory stays as
+        it is (a fenced site's pg_hba.conf keeps rejecting whatever starts it
+        normally). Read-only by default only: the private socket is the fence.
+        """
+        hba = self._prepare_reading_dir()
+        argv = [*postgres_argv(self._binaries, self.data_dir, self.port),
+                "-c", "listen_addresses=",
+                "-c", f'unix_socket_directories="{self._layout.reading_dir}"',
+                "-c", f"hba_file={hba}",
+                "-c", "default_transaction_read_only=on"]
+        return self._start(argv, on_spawn, ready=lambda record: self.wait_ready(
+            record, dsn=self.reading_dsn()))
+
+    def is_open_for_reading(self, record: ProcessRecord) -> bool:
+        """The postmaster is one that ``start_for_reading`` started (its own command line says)."""
+        marker = f"hba_file={self._layout.reading_dir / 'pg_hba.conf'}".encode()
+        try:
+            return marker in Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            return False
+
+    def control_data(self) -> dict[str, str]:
+        """What pg_controldata reports, by label (in the C locale, so the labels are English)."""
+        result = subprocess.run(
+            [self._binaries.pg("pg_controldata"), "-D", str(self.data_dir)],
+            capture_output=True, text=True, user=self._os_user, cwd="/", check=False,
+            env={**os.environ, "LC_ALL": "C"}, stdin=subprocess.DEVNULL, timeout=60)
+        if result.returncode != 0:
+            raise SiteError(f"pg_controldata of {self._layout.root.name} exited with "
+                            f"{result.returncode}: {result.stderr.strip()}")
+        return parse_control_data(result.stdout)
+
+    def _start(self, argv: list[str], on_spawn: Callable[[ProcessRecord], None], *,
+               ready: Callable[[ProcessRecord], None]) -> ProcessRecord:
         self._drop_zombie_lock()
         deadline = time.monotonic() + SHARED_MEMORY_RETRY_SECONDS
         while True:
             offset = self.log.stat().st_size if self.log.exists() else 0
-            pid, started = spawn(postgres_argv(self._binaries, self.data_dir, self.port),
-                                 log=self.log, user=self._os_user)
+            pid, started = spawn(argv, log=self.log, user=self._os_user)
             record = ProcessRecord("postgres", pid, started)
             on_spawn(record)
             try:
-                self.wait_ready(record)
+                ready(record)
                 return record
             except SiteError:
                 said = self.log.read_bytes()[offset:]
@@ -146,14 +207,16 @@ class SiteDatabase:
                     raise
                 time.sleep(0.5)
 
-    def wait_ready(self, record: ProcessRecord, timeout: float = START_TIMEOUT) -> None:
+    def wait_ready(self, record: ProcessRecord, timeout: float = START_TIMEOUT, *,
+                   dsn: str | None = None) -> None:
         def alive() -> None:
             if not record.running:
                 raise SiteError(f"postgres of {self._layout.root.name} exited; log {self.log}:\n"
                                 f"{tail(self.log)}")
         try:
-            wait_for(self.accepts_connections, timeout=timeout, interval=0.1, alive=alive,
-                     what=f"postgres of {self._layout.root.name} on port {self.port}")
+            wait_for(lambda: self.accepts_connections(dsn), timeout=timeout, interval=0.1,
+                     alive=alive,
+                     what=f"postgres of {self._layout.root.name} at {dsn or self.dsn()}")
         except CellplaneError as error:
             if isinstance(error, SiteError):
                 raise
@@ -175,7 +238,8 @@ class SiteDatabase:
             return None
         assert row is not None
         return DatabaseHealth(in_recovery=bool(row[0]), streaming=row[1] == "streaming",
-                              replay_lag_seconds=None if row[2] is None else float(row[2]))
+                              replay_lag_seconds=None if row[2] is None else float(row[2]),
+                              replay_lsn=row[3], receive_lsn=row[4])
 
     def _drop_zombie_lock(self) -> None:
         """Removes ``postmaster.pid`` when it names a dead postmaster that is still a zombie.
@@ -189,6 +253,23 @@ class SiteDatabase:
         pid = _lock_pid(self._layout)
         if pid is not None and start_time(pid) is None and Path(f"/proc/{pid}").exists():
             (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
+
+    def _prepare_reading_dir(self) -> Path:
+        """The private socket directory, mode 0700 and the Postgres OS user's; its hba file."""
+        directory = self._layout.reading_dir
+        socket = directory / f".s.PGSQL.{self.port}"
+        if len(str(socket).encode()) > SOCKET_PATH_MAX:
+            raise SiteError(f"the socket path {socket} is longer than the {SOCKET_PATH_MAX} "
+                            "bytes a unix socket may have: use a shorter state dir")
+        directory.mkdir(mode=0o700, exist_ok=True)
+        directory.chmod(0o700)
+        hba = directory / "pg_hba.conf"
+        hba.write_text(READING_HBA)
+        if self._os_user is not None:
+            owner = pwd.getpwnam(self._os_user)
+            for path in (directory, hba):
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+        return hba
 
     def _check_reachable(self) -> None:
         """The Postgres OS user must be able to walk to the data directory; say so plainly."""
@@ -234,6 +315,12 @@ def stop_postgres(layout: SiteLayout, record: ProcessRecord | None) -> list[int]
     found = {(r.pid, r.start_time) for r in (record, running_postmaster(layout)) if r is not None}
     return stop_processes([(pid, started, signal.SIGINT) for pid, started in found],
                           grace=STOP_GRACE)
+
+
+def parse_control_data(report: str) -> dict[str, str]:
+    """``Latest checkpoint location:   0/3000028`` lines as a mapping of label to value."""
+    fields = (line.partition(":") for line in report.splitlines())
+    return {label.strip(): value.strip() for label, colon, value in fields if colon}
 
 
 def _lock_pid(layout: SiteLayout) -> int | None:

@@ -1,5 +1,6 @@
-"""A site's database through a failover: promote the standby, fence the old primary,
-rebuild it as a standby of the new one.
+"""A site's database through a failover (promote the standby, fence the old primary,
+rebuild it as a standby of the new one) and through a planned handover (demote the
+primary cleanly, so a standby can be shown to hold all it wrote, then the same).
 
 Each lever of the fence is there because none is enough alone (issue #6, and
 tests/integration/test_site_failover_ops.py measures why):
@@ -9,6 +10,11 @@ terminating sessions ends the open ones; the stop ends the rest. The rebuild
 prefers pg_rewind, which needs a checkpoint on the new primary first (without
 it pg_rewind reads the old timeline from pg_control and reports "no rewind
 required" however far the two diverged), and falls back to a fresh base backup.
+
+A demote is a fast shutdown: the server writes a shutdown checkpoint as its last
+WAL record and its WAL senders send everything up to it before they exit, so a
+standby whose replay reaches that checkpoint has every write, and promoting it
+forks the history after the old primary's end (pg_rewind then has nothing to do).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import psycopg
@@ -29,13 +35,19 @@ from cellplane_operator.sites.base import DatabaseEndpoint, SiteKey
 from cellplane_operator.sites.database import SiteDatabase
 from cellplane_operator.sites.state import SiteLayout, SiteState
 
-__all__ = ["FENCED", "ASIDE_DATA_DIR", "promote", "fence", "rewind_or_clone", "restore_hba",
-           "write_standby_config", "refuse_fenced"]
+__all__ = ["FENCED", "DEMOTED", "KEPT_DOWN", "ASIDE_DATA_DIR", "promote", "fence", "demote",
+           "rewind_or_clone", "restore_hba", "write_standby_config", "refuse_role"]
 
 log = logging.getLogger(__name__)
 
 FENCED = "fenced"
 """The database intent of an old primary: stopped, rejecting, not restarted by ``check``."""
+DEMOTED = "demoted"
+"""The database intent of a primary handing over: stopped cleanly, not restarted by ``check``."""
+KEPT_DOWN = frozenset({FENCED, DEMOTED})
+"""Intents whose Postgres runs only opened for reading or once rebuilt as a standby."""
+CLEANLY_SHUT_DOWN = "shut down"
+"""pg_controldata's cluster state after a clean shutdown of a primary."""
 HBA_BACKUP = "pg_hba.conf.before-fence"
 """The site's own pg_hba.conf while fenced; beside the data dir, which pg_rewind rewrites."""
 ASIDE_DATA_DIR = "pgdata.before-rebuild"
@@ -107,6 +119,24 @@ def fence(site: SiteKey, layout: SiteLayout, db: SiteDatabase, *, running: bool,
              time.monotonic() - began, terminated)
 
 
+def demote(site: SiteKey, db: SiteDatabase, *, stop: Callable[[], object]) -> str:
+    """``stop`` (a fast shutdown), then the location of the shutdown checkpoint it wrote."""
+    began = time.monotonic()
+    stop()
+    control = db.control_data()
+    state = control.get("Database cluster state")
+    if state != CLEANLY_SHUT_DOWN:
+        # After a crash the last checkpoint is not the end of the WAL: no location
+        # would prove that a standby holds every write.
+        raise SiteError(f"{site.name} was not shut down cleanly (cluster state {state!r}), so "
+                        "the end of its WAL is unknown: give the handover up "
+                        "(ensure_primary_database starts it again, recovering it)")
+    lsn = control["Latest checkpoint location"]
+    log.info("%s: demoted in %.2fs, shutdown checkpoint at %s", site.name,
+             time.monotonic() - began, lsn)
+    return lsn
+
+
 def rewind_or_clone(site: SiteKey, layout: SiteLayout, db: SiteDatabase,
                     primary: DatabaseEndpoint, *, pg_rewind: str, os_user: str | None) -> str:
     """Makes the stopped data dir a copy of ``primary``'s timeline; says how."""
@@ -135,9 +165,9 @@ def restore_hba(layout: SiteLayout, db: SiteDatabase) -> None:
         backup.unlink()
 
 
-def refuse_fenced(site: SiteKey, state: SiteState, what: str) -> None:
-    if state.database is not None and state.database.role == FENCED:
-        raise SiteError(f"{site.name} is fenced: it cannot be {what}")
+def refuse_role(site: SiteKey, state: SiteState, roles: Collection[str], what: str) -> None:
+    if state.database is not None and state.database.role in roles:
+        raise SiteError(f"{site.name} is {state.database.role}: it cannot be {what}")
 
 
 def _scalar(conn: psycopg.Connection[TupleRow], sql: bytes, *params: object) -> Any:

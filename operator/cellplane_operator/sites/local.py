@@ -10,8 +10,9 @@ match the decision, the way a Deployment controller would:
 - what runs with another one (another epoch, above all) is stopped before its
   replacement starts, so two epochs never serve at once;
 - what should run and died is started again by ``check``;
-- a fenced database (an old primary after failover) stays down until it is
-  rebuilt as a standby of the new primary.
+- a fenced or demoted database (an old primary after a failover or a handover)
+  stays down until it is rebuilt as a standby of the new primary; it runs
+  meanwhile only when opened for reading, over a socket only the operator reaches.
 
 Blocking work (initdb, base backups, waits) runs in threads, so the operator's
 event loop keeps renewing leases meanwhile. Calls for different sites may run
@@ -47,10 +48,10 @@ from cellplane_operator.sites.base import (
     SiteHealth,
     SiteKey,
 )
-from cellplane_operator.sites.database import SiteDatabase, stop_postgres
+from cellplane_operator.sites.database import CELL_DBNAME, SiteDatabase, stop_postgres
 from cellplane_operator.sites.failover import (
-    ASIDE_DATA_DIR, FENCED, fence, promote, refuse_fenced, restore_hba, rewind_or_clone,
-    write_standby_config,
+    ASIDE_DATA_DIR, DEMOTED, FENCED, KEPT_DOWN, demote, fence, promote, refuse_role, restore_hba,
+    rewind_or_clone, write_standby_config,
 )
 from cellplane_operator.sites.processes import ProcessRecord, spawn, stop_processes, wait_gone
 from cellplane_operator.sites.state import DatabaseIntent, ServingIntent, SiteLayout, SiteState
@@ -117,6 +118,24 @@ class LocalSiteDriver:
         async with self._lock(site):
             return await asyncio.to_thread(self._promote, site)
 
+    async def database_role(self, site: SiteKey) -> str | None:
+        # No lock: site.json is replaced by a rename, so a read sees a whole record,
+        # and this question must not wait behind a base backup.
+        state = SiteState.load(self.layout(site))
+        return None if state is None or state.database is None else state.database.role
+
+    async def demote_for_handover(self, site: SiteKey) -> str:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._demote, site)
+
+    async def open_fenced_for_reading(self, site: SiteKey) -> str:
+        async with self._lock(site):
+            return await asyncio.to_thread(self._open_for_reading, site)
+
+    async def close_fenced_reading(self, site: SiteKey) -> None:
+        async with self._lock(site):
+            await asyncio.to_thread(self._close_reading, site)
+
     async def fence_database(self, site: SiteKey) -> None:
         async with self._lock(site):
             await asyncio.to_thread(self._fence, site)
@@ -146,7 +165,10 @@ class LocalSiteDriver:
 
     def _ensure_primary(self, site: SiteKey) -> DatabaseEndpoint:
         state, layout, db = self._open(site)
-        refuse_fenced(site, state, "used as a primary")
+        refuse_role(site, state, {FENCED}, "used as a primary")
+        if state.database is not None and state.database.role == DEMOTED:
+            # A handover given up: the old primary serves again, not over its private socket.
+            self._stop_reading(state, layout, db)
         self._run_postgres(state, layout, db, create=db.init_primary)
         health = db.health()
         if health is not None and health.in_recovery:
@@ -163,7 +185,9 @@ class LocalSiteDriver:
 
     def _ensure_standby(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
         state, layout, db = self._open(site)
-        refuse_fenced(site, state, "adopted as a standby (rebuild_as_standby rewinds it)")
+        refuse_role(site, state, KEPT_DOWN, "adopted as a standby (rebuild_as_standby rewinds it)")
+        if _standby_of_another(state.database, primary) and db.initialized:
+            return self._follow(site, state, layout, db, primary, done="re-pointed")
         self._run_postgres(state, layout, db, create=lambda: db.init_standby(primary))
         state.database = DatabaseIntent("standby", primary.host, primary.port)
         state.save(layout)
@@ -183,12 +207,7 @@ class LocalSiteDriver:
             return False
         if not db.initialized:
             create()
-
-        def record(spawned: ProcessRecord) -> None:
-            state.processes[POSTGRES] = spawned
-            state.save(layout)
-
-        db.start(on_spawn=record)
+        db.start(on_spawn=lambda spawned: _record_postgres(state, layout, spawned))
         log.info("started postgres of %s on port %d", layout.root.name, db.port)
         return True
 
@@ -198,7 +217,7 @@ class LocalSiteDriver:
         state, layout, db = self._open(site)
         if state.database is None:
             raise SiteError(f"{site.name} has no database to promote")
-        refuse_fenced(site, state, "promoted")
+        refuse_role(site, state, KEPT_DOWN, "promoted")
         self._run_postgres(state, layout, db, create=_never)
         promote(site, db)
         state.database = DatabaseIntent("primary")
@@ -214,14 +233,66 @@ class LocalSiteDriver:
               stop=lambda: db.stop(state.processes.pop(POSTGRES, None)))
         state.save(layout)
 
+    def _demote(self, site: SiteKey) -> str:
+        """Intent first (so nothing restarts it), then the stop; the location is kept, since
+        opening the site for reading later writes WAL past it."""
+        state, layout, db = self._existing(site)
+        intent = state.database
+        if intent is not None and intent.role == DEMOTED and intent.handover_lsn is not None:
+            return intent.handover_lsn
+        if intent is None or intent.role not in ("primary", DEMOTED):
+            raise SiteError(f"{site.name} is not a primary: only a primary is demoted")
+        state.database = DatabaseIntent(DEMOTED)
+        state.save(layout)
+        lsn = demote(site, db, stop=lambda: db.stop(state.processes.pop(POSTGRES, None)))
+        state.database = DatabaseIntent(DEMOTED, handover_lsn=lsn)
+        state.save(layout)
+        return lsn
+
+    def _open_for_reading(self, site: SiteKey) -> str:
+        state, layout, db = self._existing(site)
+        if state.database is None or state.database.role not in KEPT_DOWN:
+            raise SiteError(f"{site.name} is neither fenced nor demoted: it is not opened for "
+                            "reading")
+        running = db.running_postmaster()
+        if running is not None and db.is_open_for_reading(running):
+            _record_postgres(state, layout, running)
+            db.wait_ready(running, dsn=db.reading_dsn())
+        else:
+            # Kept down means stopped; a postmaster found anyway is stopped cleanly first.
+            db.stop(state.processes.pop(POSTGRES, None))
+            began = time.monotonic()
+            db.start_for_reading(on_spawn=lambda spawned: _record_postgres(state, layout, spawned))
+            log.info("%s: opened for reading in %.2fs", site.name, time.monotonic() - began)
+        return db.reading_dsn(CELL_DBNAME)
+
+    def _close_reading(self, site: SiteKey) -> None:
+        if self.layout(site).state_file.exists():
+            self._stop_reading(*self._existing(site))
+
+    def _stop_reading(self, state: SiteState, layout: SiteLayout, db: SiteDatabase) -> None:
+        """Stops the postmaster only if it is the one opened for reading (fast: a clean stop)."""
+        running = db.running_postmaster()
+        if running is not None and db.is_open_for_reading(running):
+            db.stop(running)
+            state.processes.pop(POSTGRES, None)
+            state.save(layout)
+
     def _rebuild(self, site: SiteKey, primary: DatabaseEndpoint) -> DatabaseEndpoint:
         state, layout, db = self._open(site)
         if state.database == DatabaseIntent("standby", primary.host, primary.port):
             self._run_postgres(state, layout, db, create=_never)
             return db.endpoint
-        if state.database is None or state.database.role != FENCED:
-            raise SiteError(f"{site.name} is not fenced: fence_database before rebuilding it")
-        # Fenced means stopped; a postmaster found anyway is stopped cleanly first.
+        if state.database is None or state.database.role not in KEPT_DOWN:
+            raise SiteError(f"{site.name} is neither fenced nor demoted: fence_database before "
+                            "rebuilding it")
+        return self._follow(site, state, layout, db, primary, done="rebuilt")
+
+    def _follow(self, site: SiteKey, state: SiteState, layout: SiteLayout, db: SiteDatabase,
+                primary: DatabaseEndpoint, *, done: str) -> DatabaseEndpoint:
+        """Stopped cleanly, put on ``primary``'s timeline (rewound or cloned), started as its
+        standby. The intent changes last: until then ``check`` leaves the site down (kept
+        down, or a standby whose standby.signal pg_rewind may have removed)."""
         db.stop(state.processes.pop(POSTGRES, None))
         state.save(layout)
         began = time.monotonic()
@@ -233,7 +304,7 @@ class LocalSiteDriver:
         state.database = DatabaseIntent("standby", primary.host, primary.port)
         state.save(layout)
         shutil.rmtree(layout.root / ASIDE_DATA_DIR, ignore_errors=True)
-        log.info("%s: rebuilt as a standby of %s:%d by %s in %.2fs", site.name, primary.host,
+        log.info("%s: %s as a standby of %s:%d by %s in %.2fs", site.name, done, primary.host,
                  primary.port, how, time.monotonic() - began)
         return db.endpoint
 
@@ -379,7 +450,7 @@ class LocalSiteDriver:
             return SiteHealth(database_up=False, serving=False, epoch=None, endpoints=None)
         db = self._database(layout, state)
         restarted: list[str] = []
-        if state.database is not None and state.database.role != FENCED:
+        if _restartable(state, db):
             try:
                 if self._run_postgres(state, layout, db, create=_never):
                     restarted.append(POSTGRES)
@@ -409,6 +480,8 @@ class LocalSiteDriver:
             in_recovery=None if health is None else health.in_recovery,
             replay_lag_seconds=None if health is None else health.replay_lag_seconds,
             streaming=health is not None and health.streaming,
+            replay_lsn=None if health is None else health.replay_lsn,
+            receive_lsn=None if health is None else health.receive_lsn,
         )
 
     def _destroy(self, site: SiteKey) -> None:
@@ -438,8 +511,35 @@ class LocalSiteDriver:
             state.save(layout)
         return state, layout, self._database(layout, state)
 
+    def _existing(self, site: SiteKey) -> tuple[SiteState, SiteLayout, SiteDatabase]:
+        """The state of a site that must exist already."""
+        layout = self.layout(site)
+        state = SiteState.load(layout)
+        if state is None:
+            raise SiteError(f"{site.name} has no site here ({layout.state_file} is missing)")
+        return state, layout, self._database(layout, state)
+
     def _database(self, layout: SiteLayout, state: SiteState) -> SiteDatabase:
         return SiteDatabase(self._binaries, layout, state.ports[POSTGRES], os_user=self._os_user)
+
+
+def _record_postgres(state: SiteState, layout: SiteLayout, record: ProcessRecord) -> None:
+    state.processes[POSTGRES] = record
+    state.save(layout)
+
+
+def _standby_of_another(intent: DatabaseIntent | None, primary: DatabaseEndpoint) -> bool:
+    return (intent is not None and intent.role == "standby"
+            and (intent.primary_host, intent.primary_port) != (primary.host, primary.port))
+
+
+def _restartable(state: SiteState, db: SiteDatabase) -> bool:
+    """May ``check`` start the site's Postgres? Never one kept down, and never a standby
+    without standby.signal: a re-point cut short after pg_rewind would come up a primary."""
+    intent = state.database
+    if intent is None or intent.role in KEPT_DOWN:
+        return False
+    return intent.role != "standby" or (db.data_dir / "standby.signal").exists()
 
 
 def _never() -> None:

@@ -48,6 +48,11 @@ class SiteLayout:
         return self.logs / f"{role}.log"
 
     @property
+    def reading_dir(self) -> Path:
+        """The private socket directory (and hba file) of a fenced site opened for reading."""
+        return self.root / "reading"
+
+    @property
     def token_file(self) -> Path:
         return self.root / "admin-token"
 
@@ -67,12 +72,15 @@ class SiteLayout:
 
 @dataclass(frozen=True)
 class DatabaseIntent:
-    """The site's Postgres should run, as a primary or as a standby of ``primary_port``."""
+    """What the site's Postgres should be: a primary, a standby of ``primary_port``, or an
+    old primary kept down (``fenced`` after a failover, ``demoted`` after a handover)."""
 
     role: str
-    """``primary`` or ``standby``."""
+    """``primary``, ``standby``, ``fenced`` or ``demoted``."""
     primary_host: str | None = None
     primary_port: int | None = None
+    handover_lsn: str | None = None
+    """A demoted site's shutdown checkpoint: the end of everything it wrote as primary."""
 
 
 @dataclass(frozen=True)
