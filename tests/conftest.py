@@ -135,6 +135,12 @@ def etcd3(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
 
 
 @pytest.fixture(scope="module")
+def kube3(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
+    """Three regions: a 3-member etcd cluster (one member each), the apiserver on all three."""
+    yield from _run_plane(request, LocalPlaneConfig(regions=("region-a", "region-b", "region-c")))
+
+
+@pytest.fixture(scope="module")
 def cell_postgres(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
     """A Postgres primary shared by a module's cell tests; each test makes its own database."""
     for plane in _run_plane(request, LocalPlaneConfig(regions=(), with_apiserver=False)):

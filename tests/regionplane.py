@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.sites.local import stop_all_sites
 from cellplane_operator.sites.reports import SiteReports
+from cellplane_operator.sites.state import SiteLayout, SiteState
 from cellplane_operator.store import EtcdStore
 
 FAST_LEASE = {"durationSeconds": 2, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5}
@@ -44,10 +48,17 @@ class RegionPlane:
         return self.root / region
 
     def start_operator(self, region: str, *, env: dict[str, str] | None = None,
-                       log_suffix: str = "", register: bool = True) -> ManagedProcess:
+                       log_suffix: str = "", register: bool = True,
+                       own_member: bool = False) -> ManagedProcess:
         """Starts an operator; ``register=False`` keeps ``operators[region]`` pointing at
-        the one already running (for a second process that is expected to fail)."""
-        etcd = ",".join(self.kube.etcd.endpoints)
+        the one already running (for a second process that is expected to fail).
+
+        ``own_member``: the operator talks only to its region's etcd member, as in a
+        deployment where a region reaches etcd through its own member; stopping that
+        member cuts the region off.
+        """
+        etcd = (self.kube.etcd.member(region).endpoint if own_member
+                else ",".join(self.kube.etcd.endpoints))
         process = ManagedProcess(
             f"operator-{region}{log_suffix}",
             [sys.executable, "-m", "cellplane_operator", "operator", "--region", region,
@@ -75,6 +86,29 @@ class RegionPlane:
                 continue
             raise AssertionError(f"site process {pid} outlived the test")
         return pids
+
+    def kill_region(self, region: str) -> float:
+        """Everything of the region at once, by SIGKILL: its operator, its etcd member and
+        every process of its sites (Postgres backends included). Returns when it happened
+        (time.monotonic)."""
+        victims = [pid for pid in _site_pids(self.state_dir(region))]
+        victims += [pid for root in list(victims) for pid in _descendants(root)]
+        operator = self.operators.get(region)
+        member = self.kube.etcd.member(region).process
+        victims += [p.pid for p in (operator, member) if p is not None and p.pid is not None]
+        killed_at = time.monotonic()
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for process in (operator, member):
+            if process is not None:
+                process.kill()  # reaps it
+        return killed_at
+
+    def restore_region(self, region: str) -> ManagedProcess:
+        """The region comes back: its etcd member rejoins, its operator starts again."""
+        self.kube.etcd.restart(region)
+        return self.start_operator(region, own_member=True, log_suffix="-back")
 
     # -- kubectl -------------------------------------------------------------------
 
@@ -183,3 +217,26 @@ def ready_cell(plane: RegionPlane, name: str, region: str = "region-a", **kwargs
     plane.apply(cell(name, region, **kwargs))
     return plane.await_status("cell", name, lambda s: ready(s) and bool(s.get("endpoints")),
                               timeout=120)
+
+
+def _site_pids(state_dir: Path) -> list[int]:
+    pids: list[int] = []
+    for root in sorted(p for p in state_dir.glob("*@*") if p.is_dir()):
+        state = SiteState.load(SiteLayout(root))
+        if state is not None:
+            pids += [record.pid for record in state.processes.values()]
+    return pids
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [root]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found

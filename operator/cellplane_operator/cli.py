@@ -130,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="how long a request waits for a cell without an owner before 503")
     router.set_defaults(run=_run_router)
 
+    from cellplane_operator.failover_cli import add_failover_commands
+    from cellplane_operator.reconcile.cli import add_report_command
+
+    add_failover_commands(commands)
+    add_report_command(commands)
+
     from cellplane_cells.cli import add_cell_commands
 
     add_cell_commands(commands)

@@ -43,7 +43,7 @@ def test_each_obstacle_before_serving_has_its_own_reason() -> None:
 
 
 def test_standbys_must_stream_before_the_first_ready_and_later_only_degrade_it() -> None:
-    waiting = replace(SERVING, standby_regions=("region-b",),
+    waiting = replace(SERVING, epoch=1, standby_regions=("region-b",),
                       standbys=(StandbyReport("region-b", False, None, "base backup"),))
     first = plan_cell_status(waiting, current_conditions=[], now=NOW)
     assert first["phase"] == "Provisioning"
@@ -61,6 +61,15 @@ def test_standbys_must_stream_before_the_first_ready_and_later_only_degrade_it()
     assert degraded["phase"] == "Degraded"
     assert conditions(degraded)["Ready"]["status"] == "True"
     assert "95.0s behind (max 30s)" in conditions(degraded)["Degraded"]["message"]
+
+
+def test_after_a_takeover_the_cell_serves_at_once_degraded_until_the_old_site_streams() -> None:
+    taken_over = replace(SERVING, epoch=2, active_region="region-b", active_site="c1@region-b",
+                         standby_regions=("region-a",), previous_phase="FailingOver",
+                         standbys=(StandbyReport("region-a", False, None, "old primary"),))
+    status = plan_cell_status(taken_over, current_conditions=[], now=NOW)
+    assert status["phase"] == "Degraded" and status["endpoints"]
+    assert conditions(status)["Ready"]["status"] == "True"
 
 
 def test_draining_cells_keep_serving_and_say_so() -> None:

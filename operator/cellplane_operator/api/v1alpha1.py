@@ -37,6 +37,8 @@ __all__ = [
     "MovePhase",
     "CellCapacity",
     "CellFailover",
+    "CellTakeover",
+    "CellReconciliation",
     "CellLease",
     "CellDriver",
     "CellSpec",
@@ -217,6 +219,49 @@ class CellEndpoints(ApiModel):
     """URL of the admin API (its token is in the cell's Secret)."""
 
 
+class CellTakeover(ApiModel):
+    """The latest change of the cell's active site."""
+
+    epoch: Int64
+    """The epoch the new active site acts under."""
+    from_region: str | None = None
+    """Region of the site that held the previous epoch."""
+    to_region: str
+    """Region of the site that acts now."""
+    planned: bool
+    """A switchover a person asked for (no loss), rather than a takeover after a loss."""
+    seconds: float | None = None
+    """From the previous owner's end (lease gone, or released) to the new site serving."""
+    at: str = Field(json_schema_extra={"format": "date-time"})
+    """When the new site started serving."""
+
+
+class CellReconciliation(ApiModel):
+    """What the old primary committed that the new one lacks, from the latest failover's
+    reconciliation report (``cellplane report CELL`` prints it whole)."""
+
+    epoch: Int64
+    """The epoch of the site that took over."""
+    report: str
+    """Name of the ConfigMap in the operator's namespace that holds the report."""
+    jobs: int
+    """Acknowledged jobs the new primary lacks."""
+    job_updates: int
+    """Jobs whose progress (a status change) the new primary lacks."""
+    ledger_entries: int
+    """Ledger entries (reservations, settlements, refunds) the new primary lacks."""
+    outbox_events: int
+    """Events the new primary lacks."""
+    tenants: int
+    """Tenants with anything in the report."""
+    lost_wal_bytes: Int64
+    """WAL the old primary wrote past the new primary's starting point."""
+    loss_window_seconds: float
+    """Time between the first and the last lost write."""
+    created_at: str = Field(json_schema_extra={"format": "date-time"})
+    """When the report was made (before the old primary was rewound)."""
+
+
 class CellStatus(ApiModel):
     """The observed cell, written by the holder of its placement-group lease
     (tenants and slotsInUse by the placement leader)."""
@@ -242,6 +287,10 @@ class CellStatus(ApiModel):
     """One entry per standby region."""
     endpoints: CellEndpoints | None = None
     """Where the cell's active site answers."""
+    last_takeover: CellTakeover | None = None
+    """The latest change of the active site (takeover or switchover)."""
+    last_reconciliation: CellReconciliation | None = None
+    """Summary of the latest failover's reconciliation report."""
     conditions: ConditionList | None = None
     """Ready, Accepted and the other aspects of the cell's state."""
 

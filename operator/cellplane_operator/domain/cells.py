@@ -23,7 +23,7 @@ from typing import Any, NewType
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
 
 __all__ = ["CellName", "Region", "Tier", "StandbyReport", "CellObservation", "plan_cell_status",
-           "SERVING_PHASES"]
+           "plan_refused_failover", "SERVING_PHASES"]
 
 CellName = NewType("CellName", str)
 Region = NewType("Region", str)
@@ -87,7 +87,9 @@ def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[
     """The status subresource the owner writes: phase, fields and merged conditions."""
     generation = observed.generation
     standby_problems = _standby_problems(observed)
-    was_serving = observed.previous_phase in SERVING_PHASES
+    # A new cell waits for its standbys before it first says Ready; a cell that served
+    # before (a takeover raised its epoch past 1) serves at once, Degraded if need be.
+    was_serving = observed.previous_phase in SERVING_PHASES or (observed.epoch or 0) > 1
 
     def condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
         return Condition(type_, ConditionStatus.TRUE if ok else ConditionStatus.FALSE, reason,
@@ -147,3 +149,17 @@ def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[
     if phase in SERVING_PHASES and observed.api_endpoint and observed.admin_endpoint:
         status["endpoints"] = {"api": observed.api_endpoint, "admin": observed.admin_endpoint}
     return status
+
+
+def plan_refused_failover(*, generation: int, reason: str, message: str,
+                          current_conditions: Sequence[Mapping[str, Any]],
+                          now: datetime.datetime) -> dict[str, Any]:
+    """The status a standby writes while the cell has no owner and it will not take over.
+
+    Only then does anyone but the owner write the Cell's status: nobody else
+    would say why the cell stays down.
+    """
+    ready = Condition("Ready", ConditionStatus.FALSE, reason, message,
+                      observed_generation=generation)
+    return {"phase": "FailingOver", "conditions": set_condition(current_conditions, ready, now=now),
+            "endpoints": None}

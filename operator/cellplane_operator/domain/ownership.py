@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 __all__ = [
+    "HANDOVER_PATIENCE_SECONDS",
     "LeaseSettings",
     "OwnerRecord",
     "Role",
@@ -42,6 +43,10 @@ __all__ = [
     "self_fenced",
     "released",
 ]
+
+
+HANDOVER_PATIENCE_SECONDS = 30.0
+"""How long other candidates leave a planned handover to the successor it names."""
 
 
 @dataclass(frozen=True)
@@ -165,15 +170,27 @@ def observe(state: LeaseState, *, owner: OwnerRecord | None, epoch: int, now: fl
 
 
 def ready_to_acquire(state: LeaseState, *, now: float, settings: LeaseSettings,
-                     extra_delay: float = 0.0) -> bool:
+                     extra_delay: float = 0.0, handover_to_us: bool | None = None) -> bool:
     """True once the owner key has been seen gone for margin (+ extra delay) on our clock.
 
     A fenced former owner may try again too, under a new epoch, once the same
     wait has passed since it saw its key gone.
+
+    ``handover_to_us`` says whether the owner released the epoch we saw in a
+    planned handover naming us (True) or another successor (False); None when
+    there was no handover. The successor acquires at once: the margin guards
+    against an owner that may still act, and this one has stopped and said so
+    (its database refuses writes and is shut down before it releases). The
+    others leave the successor ``HANDOVER_PATIENCE_SECONDS`` before they compete.
     """
     if state.role not in (Role.WAITING, Role.FENCED) or state.gone_since is None:
         return False
-    return now - state.gone_since >= settings.margin_seconds + extra_delay
+    if handover_to_us:
+        return True
+    wait = settings.margin_seconds + extra_delay
+    if handover_to_us is False:
+        wait = max(wait, HANDOVER_PATIENCE_SECONDS)
+    return now - state.gone_since >= wait
 
 
 def acquired(state: LeaseState, *, epoch: int, lease_id: int, sent_at: float,

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,8 +41,9 @@ from cellplane_operator.domain.ownership import (
     renewed,
     self_fenced,
 )
+from cellplane_operator.domain.failover import Handover
 from cellplane_operator.errors import StoreError
-from cellplane_operator.ownership.table import OwnershipTable
+from cellplane_operator.ownership.table import GroupView, OwnershipTable
 
 __all__ = ["GroupActor", "LeaseHolder", "HolderIdentity"]
 
@@ -70,15 +72,21 @@ class LeaseHolder:
     def __init__(self, table: OwnershipTable, identity: HolderIdentity, actor: GroupActor, *,
                  settings: LeaseSettings, clock: MonotonicClock,
                  takeover_delay_seconds: float = 0.0, compete: bool = True,
-                 adopt_own_lease: bool = False) -> None:
+                 adopt_own_lease: bool = False,
+                 on_group_read: Callable[[GroupView], None] | None = None) -> None:
         self._table = table
         self._identity = identity
         self._actor = actor
         self._settings = settings.validated()
         self._clock = clock
-        self._takeover_delay = takeover_delay_seconds
+        self.takeover_delay_seconds = takeover_delay_seconds
+        """Extra wait after the margin before competing (a cell's failoverDelaySeconds)."""
         self.compete = compete
-        """False keeps this holder observing only (e.g. its standby is too far behind)."""
+        """False keeps this holder observing only (e.g. its standby is too far behind); a
+        planned handover that names this holder's site is taken all the same."""
+        self.group: GroupView | None = None
+        """The group's keys as last read."""
+        self._on_group_read = on_group_read
         self._may_adopt = adopt_own_lease
         """At the first read, continue a live lease whose owner record names our identity.
 
@@ -129,14 +137,15 @@ class LeaseHolder:
                 await watchdog
             await self._stop("holder stopped")
 
-    async def release(self) -> bool:
-        """Planned handover: stop acting, then delete our owner key if it is still ours."""
+    async def release(self, handover: Handover | None = None) -> bool:
+        """Stop acting, then delete our owner key if it is still ours (naming the successor
+        of a planned handover in the same transaction)."""
         state = self.state
         if state.role is not Role.OWNER or state.epoch is None or state.lease_id is None:
             return False
-        await self._stop("released for a planned handover")
+        await self._stop("released for a planned handover" if handover else "released")
         record = OwnerRecord(self._identity.region, self._identity.site, state.epoch, state.lease_id)
-        done = await self._table.release(self._identity.cell, record)
+        done = await self._table.release(self._identity.cell, record, handover)
         self._set(released(self.state))
         await self._table.store.revoke_lease(state.lease_id)
         return done
@@ -145,7 +154,11 @@ class LeaseHolder:
         now = self._clock.monotonic()
         if self.state.role is Role.OWNER:
             await self._renew()
-        owner, epoch = await self._table.read(self._identity.cell)
+        group = await self._table.read_group(self._identity.cell)
+        self.group = group
+        if self._on_group_read is not None:
+            self._on_group_read(group)
+        owner, epoch = group.owner, group.epoch
         if self._may_adopt:
             self._may_adopt = False
             if (owner is not None and self.state.role is not Role.OWNER
@@ -156,8 +169,11 @@ class LeaseHolder:
         self._set(observe(self.state, owner=owner, epoch=epoch, now=self._clock.monotonic()))
         if before is Role.OWNER and self.state.role is not Role.OWNER:
             await self._stop(f"owner key gone or taken over (etcd epoch {epoch})")
-        if self.compete and ready_to_acquire(self.state, now=now, settings=self._settings,
-                                             extra_delay=self._takeover_delay):
+        handover_to_us = (None if group.handover is None
+                          else group.handover.target_site == self._identity.site)
+        if (self.compete or handover_to_us) and ready_to_acquire(
+                self.state, now=now, settings=self._settings,
+                extra_delay=self.takeover_delay_seconds, handover_to_us=handover_to_us):
             await self._acquire()
 
     async def _acquire(self) -> None:
@@ -248,8 +264,8 @@ class LeaseHolder:
             interval = max(self._renewal_due - self._clock.monotonic(), 0.0)
         elif self.state.role in (Role.WAITING, Role.FENCED) and self.state.gone_since is not None:
             # Wake exactly when the wait for a takeover is over.
-            due = (self.state.gone_since + self._settings.margin_seconds + self._takeover_delay
-                   - self._clock.monotonic())
+            due = (self.state.gone_since + self._settings.margin_seconds
+                   + self.takeover_delay_seconds - self._clock.monotonic())
             interval = min(interval, max(due, 0.0))
         self._wake.clear()
         waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]

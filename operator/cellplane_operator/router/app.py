@@ -25,7 +25,8 @@ __all__ = ["RouterSettings", "create_router_app"]
 
 log = logging.getLogger("cellplane.router")
 
-_NOT_OWNER_CODES = {"not_owner", "stale_epoch", "lease_expired"}
+# database_unavailable too: a switchover shuts the old primary's database down.
+_NOT_OWNER_CODES = {"not_owner", "stale_epoch", "lease_expired", "database_unavailable"}
 # Hop-by-hop headers, and the ones httpx has already acted on (it decoded the body).
 _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding",
                 "content-encoding"}

@@ -1,11 +1,17 @@
-"""This region's site of one cell: the primary, which holds the cell's lease, or a standby.
+"""This region's site of one cell: the active primary, a standby, or an old primary.
 
-Read -> plan -> act -> report, once a second and whenever something changed:
-the primary's loop checks its processes (the driver restarts dead ones), starts
-them under the epoch the lease holder won, publishes a site report to etcd and
-writes the Cell's status from its own health and the standbys' reports. A
-standby's loop keeps a streaming copy of the primary's database and reports
-its lag.
+Read -> plan -> act -> report, once a second and whenever the placement group
+or the Cell changed. Which part the site plays is read from etcd every time
+(``domain/failover.site_role``): the site that holds the group's latest epoch
+is the primary, every other site streams from it, and a site that was a
+primary when another took the epoch is fenced, reported on and rebuilt as a
+standby (``runtime/retire.py``) before it streams again.
+
+One lease holder runs for the site all along. The primary's holder competes
+for the group as soon as its database is up; a standby's competes only while
+promoting it would lose no more than the cell allows, or when a person forces
+it. Winning starts ``start_acting``, which promotes a standby first. A planned
+switchover is run by the owner (``runtime/handover.py``).
 """
 
 from __future__ import annotations
@@ -15,14 +21,34 @@ import contextlib
 import logging
 from typing import Any
 
-from cellplane_operator.domain.cells import CellObservation, StandbyReport, plan_cell_status
+from cellplane_operator.domain.cells import (
+    CellObservation,
+    StandbyReport,
+    plan_cell_status,
+    plan_refused_failover,
+)
+from cellplane_operator.domain.failover import (
+    FORCE_FAILOVER,
+    SWITCHOVER_TO,
+    ActiveSite,
+    Candidacy,
+    SiteRole,
+    StandbyWitness,
+    candidacy,
+    lag_at_loss,
+    site_role,
+    witnessed,
+)
 from cellplane_operator.domain.ownership import Role
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS
 from cellplane_operator.ownership import LeaseHolder, OwnershipTable
 from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
 from cellplane_operator.ownership.holder import HolderIdentity
+from cellplane_operator.ownership.table import GroupView
 from cellplane_operator.runtime.context import RegionContext
+from cellplane_operator.runtime.handover import PlannedHandover
+from cellplane_operator.runtime.retire import OldPrimaryRetirement
 from cellplane_operator.runtime.specs import CellSettings
 from cellplane_operator.sites.base import DatabaseEndpoint, ServingSpec, SiteHealth, SiteKey
 from cellplane_operator.sites.reports import SiteReport
@@ -41,113 +67,215 @@ class CellSiteRunner:
         self._body = body
         self.cell = CellSettings.from_body(body)
         self.site = SiteKey(self.cell.name, ctx.region)
-        self.primary = self.cell.region == ctx.region
         self._wake = asyncio.Event()
         self._epoch: int | None = None
         self._fenced = False
         self._grant: CellDatabaseGrant | None = None
         self._database: DatabaseEndpoint | None = None
         self._holder: LeaseHolder | None = None
+        self._group: GroupView | None = None
         self._problem = ""
         self._last_status: dict[str, Any] | None = None
         self._last_status_at = 0.0
         self._last_report: SiteReport | None = None
         self._detaching = False
+        self._witness = StandbyWitness()
+        self._refusal_said: tuple[int, str] | None = None
+        self._takeover: dict[str, Any] | None = None
+        """Set by ``start_acting`` when this site took the epoch from another; said once serving."""
+        self._handover = PlannedHandover(ctx, self)
+        self._retirement = OldPrimaryRetirement(ctx, self.site)
 
     def update(self, body: dict[str, Any]) -> None:
         self._body = body
         self.cell = CellSettings.from_body(body)
         self._wake.set()
 
+    @property
+    def body(self) -> dict[str, Any]:
+        return self._body
+
+    @property
+    def holder(self) -> LeaseHolder:
+        assert self._holder is not None
+        return self._holder
+
+    @property
+    def grant(self) -> CellDatabaseGrant:
+        assert self._grant is not None
+        return self._grant
+
+    def annotation(self, key: str) -> str | None:
+        value = (self._body["metadata"].get("annotations") or {}).get(key)
+        return str(value) if value else None
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Runs the site until ``stop``; a bug that escapes a loop restarts it, never ends it."""
-        while not stop.is_set():
-            try:
-                if self.primary:
-                    await self._run_primary(stop)
-                else:
-                    await self._run_standby(stop)
-            except Exception:
-                log.exception("site %s failed unexpectedly; starting it over in 5s",
-                              self.site.name)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 5.0)
-
-    # -- primary ---------------------------------------------------------------
-
-    async def _run_primary(self, stop: asyncio.Event) -> None:
-        token = await self._until_done(stop, "read the cell's admin token",
-                                       lambda: self._ctx.cell_admin_token(self.cell.name))
-        database = await self._until_done(
-            stop, "start the primary database",
-            lambda: self._ctx.driver.ensure_primary_database(self.site))
-        if token is None or database is None:
-            return
-        self._database = database
-        self._grant = CellDatabaseGrant(database.conninfo)
+        """Runs the site until ``stop``; a bug that escapes a step is logged, never fatal."""
         self._holder = LeaseHolder(
-            OwnershipTable(self._ctx.store), HolderIdentity(self.cell.name, self._ctx.region,
-                                                            self.site.name),
-            self, settings=self.cell.lease, clock=self._ctx.clock,
-            adopt_own_lease=self._ctx.settings.adopt_leases)
-        holder = asyncio.create_task(self._holder.run(stop))
+            OwnershipTable(self._ctx.store),
+            HolderIdentity(self.cell.name, self._ctx.region, self.site.name), self,
+            settings=self.cell.lease, clock=self._ctx.clock, compete=False,
+            takeover_delay_seconds=self.cell.failover_delay_seconds,
+            adopt_own_lease=self._ctx.settings.adopt_leases, on_group_read=self._group_read)
+        holder = asyncio.create_task(self._holder.run(stop), name=f"lease-{self.site.name}")
         try:
-            await self._supervise_primary(stop, token)
+            while not stop.is_set():
+                try:
+                    await self._step()
+                except Exception:
+                    log.exception("site %s: step failed unexpectedly; again in 5s", self.site.name)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 5.0)
+                await self._pause(stop)
         finally:
-            if not stop.is_set():
-                holder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await holder
             if not self._detaching:
                 with contextlib.suppress(CellplaneError):
                     await self._holder.release()
 
+    def _group_read(self, group: GroupView) -> None:
+        if group != self._group:
+            self._group = group
+            self._wake.set()
+
     def detach(self) -> None:
         """The operator is shutting down, not the cell: leave the site serving and the
         lease alive for the next operator of this region to adopt (or to run out)."""
         self._detaching = True
 
+    # -- one pass ----------------------------------------------------------------
+
+    async def _step(self) -> None:
+        group = self._group
+        if group is None:
+            return  # etcd not read yet: nothing may start before we know who is active
+        holder = self.holder
+        holder.takeover_delay_seconds = self.cell.failover_delay_seconds
+        database_role = await self._ctx.driver.database_role(self.site)
+        role = site_role(my_region=self._ctx.region, home_region=self.cell.region,
+                         active=self._active(group), database_role=database_role)
+        if role is SiteRole.PRIMARY:
+            holder.compete = self._database is not None or database_role == "primary"
+            await self._primary_step(group)
+        elif role is SiteRole.PROMOTING:
+            holder.compete = True
+            await self._promoting_step()
+        elif role is SiteRole.HANDED_OVER:
+            # The successor has HANDOVER_PATIENCE to take the epoch; if it does not, this
+            # holder takes it back and start_acting restarts the demoted database.
+            holder.compete = True
+            await self._publish(SiteReport(role="primary", site=self.site.name,
+                                           message="handed over; waiting for the successor"))
+        elif role is SiteRole.OLD_PRIMARY:
+            holder.compete = False
+            await self._retire_step(group)
+        else:
+            await self._standby_step(group)
+
+    def _active(self, group: GroupView) -> ActiveSite | None:
+        """The active site; our own holder's word first, since the group it last read may
+        predate the acquisition it just won."""
+        state = self.holder.state
+        if state.role is Role.OWNER and state.epoch is not None:
+            return ActiveSite(self._ctx.region, self.site.name, state.epoch)
+        return group.active
+
+    # -- primary ---------------------------------------------------------------
+
+    async def _primary_step(self, group: GroupView) -> None:
+        try:
+            token = await self._ctx.cell_admin_token(self.cell.name)
+            if self._database is None:
+                self._database = await self._ctx.driver.ensure_primary_database(self.site)
+        except CellplaneError as error:
+            self._problem = f"could not start the primary database: {error}"[:1000]
+            log.warning("%s: %s", self.site.name, self._problem)
+            return
+        health = await self._check()
+        epoch = self._epoch
+        if epoch is not None and health.database_up and health.epoch != epoch:
+            health = await self._start_serving(epoch, token) or health
+        serving = health.serving and epoch is not None and health.epoch == epoch
+        await self._publish(SiteReport(
+            role="primary", site=self.site.name, database=self._database,
+            endpoints=health.endpoints, serving=serving, epoch=epoch,
+            message=self._problem))
+        await self._report_cell_status(health, serving)
+        if serving and epoch is not None:
+            await self._announce_takeover(epoch)
+            target = self.annotation(SWITCHOVER_TO)
+            if target is not None and target != self._ctx.region:
+                await self._handover.run(target, epoch, group)
+
+    async def _promoting_step(self) -> None:
+        """This site won the epoch while its database is a standby: ``start_acting``
+        promotes it; if that failed, it is tried again here."""
+        holder = self.holder
+        if holder.state.role is Role.OWNER and self._epoch is not None:
+            try:
+                await self._become_primary()
+            except CellplaneError as error:
+                self._problem = f"could not promote the standby: {error}"[:1000]
+                log.error("%s: %s", self.site.name, self._problem)
+        await self._publish(SiteReport(role="standby", site=self.site.name,
+                                       message="taking over: promoting this standby"))
+
+    async def _become_primary(self) -> DatabaseEndpoint:
+        """Promotes the site's standby (and checkpoints it) if it is one; starts a demoted
+        database again; returns the primary database."""
+        if await self._ctx.driver.database_role(self.site) == "standby":
+            await self._ctx.driver.promote_database(self.site)
+        database = await self._ctx.driver.ensure_primary_database(self.site)
+        self._database = database
+        if self._grant is None:
+            self._grant = CellDatabaseGrant(database.conninfo)
+        return database
+
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
-        assert self._grant is not None
+        started = self._ctx.clock.monotonic()
+        previous = self._group.active if self._group is not None else None
+        gone_since = self.holder.state.gone_since
+        was_standby = await self._ctx.driver.database_role(self.site) == "standby"
+        # Set first: if the promotion fails, the promoting step tries it again under it.
+        self._epoch, self._fenced = epoch, False
+        await self._become_primary()
+        if was_standby:
+            self._takeover = {
+                "fromRegion": previous.region if previous is not None else None,
+                "planned": self._group is not None and self._group.handover is not None,
+                "since": gone_since if gone_since is not None else started,
+                "promotedIn": self._ctx.clock.monotonic() - started}
         # The epoch is ours before the grant is written: if this grant fails, the
         # next renewal writes it, and until then the database refuses the writes
         # of the processes started under it. Nothing is lost by starting early.
-        self._epoch, self._fenced = epoch, False
         self._wake.set()
-        await self._grant.start_acting(epoch, remaining_seconds)
+        remaining = remaining_seconds - (self._ctx.clock.monotonic() - started)
+        await self.grant.start_acting(epoch, max(remaining, 0.0))
 
     async def renew_grant(self, epoch: int, remaining_seconds: float) -> None:
-        assert self._grant is not None
+        if self._handover.in_progress or self._grant is None:
+            # The handover ended the grant on purpose and a renewal must not revive it;
+            # or the promotion failed, and the promoting step grants once it succeeds.
+            return
         await self._grant.renew_grant(epoch, remaining_seconds)
 
     async def stop_acting(self, epoch: int, reason: str) -> None:
-        assert self._grant is not None
         self._epoch = None
         if self._detaching:
             log.info("%s: leaving epoch %d serving for the next operator to adopt",
                      self.site.name, epoch)
             return
         self._fenced = self._holder is not None and self._holder.state.role is Role.FENCED
-        await self._grant.stop_acting(epoch, reason)
+        self._wake.set()
+        if self._handover.in_progress:
+            return  # the handover already ended the grant; it stops the processes itself
+        if self._grant is not None:
+            await self._grant.stop_acting(epoch, reason)
         try:
             await self._ctx.driver.stop_serving(self.site)
         except CellplaneError as error:
             log.error("%s: could not stop serving: %s", self.site.name, error)
-        self._wake.set()
-
-    async def _supervise_primary(self, stop: asyncio.Event, token: str) -> None:
-        while not stop.is_set():
-            health = await self._check()
-            epoch = self._epoch
-            if epoch is not None and health.database_up and health.epoch != epoch:
-                health = await self._start_serving(epoch, token) or health
-            serving = health.serving and epoch is not None and health.epoch == epoch
-            await self._publish(SiteReport(
-                role="primary", site=self.site.name, database=self._database,
-                endpoints=health.endpoints, serving=serving, epoch=epoch,
-                message=self._problem))
-            await self._report_cell_status(health, serving)
-            await self._pause(stop)
 
     async def _start_serving(self, epoch: int, token: str) -> SiteHealth | None:
         spec = ServingSpec(epoch=epoch, admin_token=token,
@@ -166,17 +294,45 @@ class CellSiteRunner:
                               f"{self.site.name} serve under epoch {epoch}")
         return await self._check()
 
+    async def _announce_takeover(self, epoch: int) -> None:
+        """Once, when a site that took the epoch from another serves: status, Event, and
+        the one-shot annotations that asked for it removed."""
+        takeover, self._takeover = self._takeover, None
+        if takeover is None:
+            return
+        seconds = self._ctx.clock.monotonic() - takeover["since"]
+        record = {"epoch": epoch, "fromRegion": takeover["fromRegion"],
+                  "toRegion": self._ctx.region, "planned": takeover["planned"],
+                  "seconds": round(seconds, 3), "at": _timestamp(self._ctx.clock.now())}
+        how = "switchover" if takeover["planned"] else "takeover"
+        await self._ctx.event(self._body, "Normal", "TookOver",
+                              f"{self.site.name} serves the cell under epoch {epoch} after a "
+                              f"{how} from {takeover['fromRegion']}: {seconds:.2f}s from the "
+                              f"previous owner's end (promotion {takeover['promotedIn']:.2f}s)")
+        patch: dict[str, Any] = {"status": {"lastTakeover": record}}
+        try:
+            await self._ctx.kube.patch(CELLS, self.cell.name, patch, subresource="status")
+            annotations = {key: None for key in (FORCE_FAILOVER, SWITCHOVER_TO)
+                           if self.annotation(key) is not None}
+            if annotations:
+                await self._ctx.kube.patch(CELLS, self.cell.name,
+                                           {"metadata": {"annotations": annotations}})
+        except CellplaneError as error:
+            log.warning("%s: could not record the takeover: %s", self.site.name, error)
+
     async def _report_cell_status(self, health: SiteHealth, serving: bool) -> None:
+        others = tuple(r for r in self.cell.site_regions if r != self._ctx.region)
         reports: dict[str, SiteReport] = {}
-        if self.cell.standby_regions:  # an etcd read a second per cell, only where it tells something
+        if others:  # an etcd read a second per cell, only where it tells something
             try:
                 reports = await self._ctx.reports.read_cell(self.cell.name)
             except CellplaneError as error:
                 log.warning("%s: cannot read standby reports: %s", self.site.name, error)
                 return
         standbys = tuple(
-            StandbyReport(region, report.streaming, report.lag_seconds, report.message)
-            for region, report in reports.items() if region != self._ctx.region)
+            StandbyReport(region, report.role == "standby" and report.streaming,
+                          report.lag_seconds, report.message)
+            for region, report in reports.items() if region in others)
         current = (self._body.get("status") or {})
         observed = CellObservation(
             generation=int(self._body["metadata"].get("generation", 0)),
@@ -184,7 +340,7 @@ class CellSiteRunner:
             fenced=self._fenced, database_up=health.database_up, serving=serving,
             api_endpoint=health.endpoints.api if health.endpoints and serving else None,
             admin_endpoint=health.endpoints.admin if health.endpoints and serving else None,
-            draining=self.cell.draining, standby_regions=self.cell.standby_regions,
+            draining=self.cell.draining, standby_regions=others,
             standbys=standbys, max_standby_lag_seconds=self.cell.max_standby_lag_seconds,
             previous_phase=current.get("phase"), problem=self._problem)
         status = plan_cell_status(observed, current_conditions=current.get("conditions") or [],
@@ -196,33 +352,43 @@ class CellSiteRunner:
                 and now - self._last_status_at < _STATUS_REFRESH_SECONDS):
             return
         before = current.get("phase")
-        try:
-            await self._ctx.kube.patch(CELLS, self.cell.name, {"status": status},
-                                       subresource="status")
-        except CellplaneError as error:
-            log.warning("%s: cannot write the cell's status: %s", self.site.name, error)
-            return
-        self._last_status, self._last_status_at = status, now
+        if await self._write_status(status):
+            self._last_status, self._last_status_at = status, now
         if status["phase"] != before:
             ready = next(c for c in status["conditions"] if c["type"] == "Ready")
             await self._ctx.event(self._body, "Warning" if status["phase"] in
                                   ("Degraded", "Fenced") else "Normal",
                                   f"Phase{status['phase']}", ready["message"])
 
+    async def _write_status(self, status: dict[str, Any]) -> bool:
+        try:
+            await self._ctx.kube.patch(CELLS, self.cell.name, {"status": status},
+                                       subresource="status")
+            return True
+        except CellplaneError as error:
+            log.warning("%s: cannot write the cell's status: %s", self.site.name, error)
+            return False
+
     # -- standby ---------------------------------------------------------------
 
-    async def _run_standby(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            report = await self._standby_step()
-            await self._publish(report)
-            await self._pause(stop)
+    async def _standby_step(self, group: GroupView) -> None:
+        active_region = group.active.region if group.active is not None else self.cell.region
+        report = await self._follow(active_region)
+        decision = self._candidacy(group, active_region)
+        # Until a site has held the epoch once, the cell is new: its home site starts it.
+        self.holder.compete = decision.compete and group.active is not None
+        if (group.owner is None and group.active is not None and not decision.compete
+                and decision.refusal is not None):
+            await self._say_refusal(group.epoch, decision)
+        await self._publish(report)
 
-    async def _standby_step(self) -> SiteReport:
+    async def _follow(self, active_region: str) -> SiteReport:
+        """Keeps this site a streaming standby of the active site; its report."""
         try:
-            primary = await self._ctx.reports.read(self.cell.name, self.cell.region)
-            if primary is None or primary.database is None:
+            primary = await self._ctx.reports.read(self.cell.name, active_region)
+            if primary is None or primary.database is None or primary.role != "primary":
                 return SiteReport(role="standby", site=self.site.name,
-                                  message="waiting for the primary site's database")
+                                  message=f"waiting for the primary site in {active_region}")
             database = await self._ctx.driver.ensure_standby_database(self.site, primary.database)
             health = await self._ctx.driver.check(self.site)
         except CellplaneError as error:
@@ -230,10 +396,52 @@ class CellSiteRunner:
         if health.restarted:
             await self._ctx.event(self._body, "Warning", "ProcessRestarted",
                                   f"{self.site.name}: restarted {', '.join(health.restarted)}")
-        message = "" if health.streaming else "not streaming from the primary"
+        self._witness = witnessed(self._witness, now=self._ctx.clock.monotonic(),
+                                  streaming=health.streaming, lag_seconds=health.replay_lag_seconds)
+        message = "" if health.streaming else f"not streaming from the primary in {active_region}"
         return SiteReport(role="standby", site=self.site.name, database=database,
                           streaming=health.streaming, lag_seconds=health.replay_lag_seconds,
                           message=message)
+
+    def _candidacy(self, group: GroupView, active_region: str) -> Candidacy:
+        lag = lag_at_loss(self._witness, now=self._ctx.clock.monotonic(),
+                          owner_gone_at=self.holder.state.gone_since if group.owner is None else None,
+                          lease_seconds=self.cell.lease.duration_seconds)
+        return candidacy(my_region=self._ctx.region, active_region=active_region,
+                         automatic=self.cell.automatic_failover,
+                         forced_region=self.annotation(FORCE_FAILOVER), lag_seconds=lag,
+                         max_lag_seconds=self.cell.max_standby_lag_seconds)
+
+    async def _say_refusal(self, epoch: int, decision: Candidacy) -> None:
+        assert decision.refusal is not None
+        said = (epoch, decision.refusal)
+        if self._refusal_said == said:
+            return
+        current = self._body.get("status") or {}
+        status = plan_refused_failover(
+            generation=int(self._body["metadata"].get("generation", 0)),
+            reason=decision.refusal, message=decision.message,
+            current_conditions=current.get("conditions") or [], now=self._ctx.clock.now())
+        if await self._write_status(status):
+            self._refusal_said = said
+            await self._ctx.event(self._body, "Warning", "FailoverRefused", decision.message)
+
+    # -- old primary -------------------------------------------------------------
+
+    async def _retire_step(self, group: GroupView) -> None:
+        # Fencing is for good: decide it on a fresh read, never on a view that may be stale.
+        try:
+            group = await OwnershipTable(self._ctx.store).read_group(self.cell.name)
+        except CellplaneError as error:
+            log.warning("%s: cannot confirm who is active: %s", self.site.name, error)
+            return
+        active = group.active
+        if self.holder.state.role is Role.OWNER or active is None \
+                or active.region == self._ctx.region:
+            return
+        self._database = None
+        message = await self._retirement.step(self._body, active.region, active.epoch)
+        await self._publish(SiteReport(role="old-primary", site=self.site.name, message=message))
 
     # -- shared ----------------------------------------------------------------
 
@@ -267,20 +475,6 @@ class CellSiteRunner:
             for waiter in waiters:
                 waiter.cancel()
 
-    async def _until_done(self, stop: asyncio.Event, what: str, attempt: Any) -> Any:
-        """Repeats ``attempt`` with backoff until it succeeds or the runner stops."""
-        delay = 0.5
-        while not stop.is_set():
-            try:
-                return await attempt()
-            except CellplaneError as error:
-                self._problem = f"could not {what}: {error}"[:1000]
-                log.warning("%s: %s; again in %.1fs", self.site.name, self._problem, delay)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                delay = min(delay * 2, 30.0)
-        return None
-
     async def destroy(self) -> None:
         """The cell is gone: remove this region's site and its report."""
         with contextlib.suppress(CellplaneError):
@@ -289,9 +483,12 @@ class CellSiteRunner:
             await self._ctx.reports.withdraw(self.cell.name, self._ctx.region)
 
 
+def _timestamp(moment: Any) -> str:
+    return str(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
 def _without_lag(status: dict[str, Any]) -> dict[str, Any]:
     trimmed = {k: v for k, v in status.items() if k != "standbyLagSeconds"}
     trimmed["standbys"] = [{k: v for k, v in s.items() if k != "lagSeconds"}
                            for s in status.get("standbys", [])]
     return trimmed
-

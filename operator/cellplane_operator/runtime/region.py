@@ -2,8 +2,8 @@
 
 kopf's watch feeds ``observe_cell`` / ``observe_tenant``; everything else runs
 in tasks started here. A site runner runs for every cell with a site in this
-region (the primary site when the cell's region is ours, a standby when ours
-is among its standby regions); the tenant controller runs always and acts
+region (its home region or one of its standby regions; which site is the
+primary is decided in etcd, see ``runtime/cellsite.py``); the tenant controller runs always and acts
 only while this operator leads the placement election.
 """
 
@@ -84,30 +84,26 @@ class RegionRuntime:
         if body is None:
             # A cell of that name created later gets a new token.
             self.ctx.forget_cell(name)
-        role = None
+        has_site = False
         if body is not None:
             try:
                 cell = CellSettings.from_body(body)
             except (ValueError, ValidationError) as error:
                 log.error("cell %s cannot be read: %s", name, error)
                 return
-            if cell.region == self.settings.region:
-                role = "primary"
-            elif self.settings.region in cell.standby_regions:
-                role = "standby"
+            has_site = self.settings.region in cell.site_regions
         if running is not None:
             runner, _, _ = running
-            wanted_same = role == ("primary" if runner.primary else "standby")
-            if wanted_same and body is not None:
+            if has_site and body is not None:
                 runner.update(body)
                 return
-            self._stop_site(name, destroy=body is None or role is None)
-        if role is not None and body is not None:
+            self._stop_site(name, destroy=True)
+        if has_site and body is not None:
             runner = CellSiteRunner(self.ctx, body)
             stop = asyncio.Event()
             task = asyncio.create_task(runner.run(stop), name=f"site-{name}")
             self._sites[name] = (runner, stop, task)
-            log.info("running the %s site of cell %s", role, name)
+            log.info("running the site of cell %s in %s", name, self.settings.region)
 
     def _stop_site(self, name: str, *, destroy: bool) -> None:
         runner, stop, task = self._sites.pop(name)

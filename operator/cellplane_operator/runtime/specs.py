@@ -34,10 +34,17 @@ class CellSettings:
     worker_slots: int
     standby_regions: tuple[str, ...]
     max_standby_lag_seconds: float
+    automatic_failover: bool
+    failover_delay_seconds: float
     lease: LeaseSettings
     worker_processes: int
     allow_private_targets: bool
     draining: bool
+
+    @property
+    def site_regions(self) -> tuple[str, ...]:
+        """Every region with a site of the cell: its home region, then its standby regions."""
+        return (self.region, *self.standby_regions)
 
     @property
     def slots_per_worker(self) -> int:
@@ -51,6 +58,8 @@ class CellSettings:
             tenant_capacity=spec.capacity.tenants, worker_slots=spec.capacity.worker_slots,
             standby_regions=tuple(spec.standby_regions),
             max_standby_lag_seconds=float(spec.failover.max_standby_lag_seconds),
+            automatic_failover=spec.failover.automatic,
+            failover_delay_seconds=float(spec.failover.failover_delay_seconds),
             lease=LeaseSettings(duration_seconds=float(spec.lease.duration_seconds),
                                 renew_interval_seconds=float(spec.lease.renew_interval_seconds),
                                 margin_seconds=float(spec.lease.margin_seconds)),

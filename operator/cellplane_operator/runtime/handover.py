@@ -1,0 +1,150 @@
+"""Planned switchover: the owner hands its cell to a standby region with nothing lost.
+
+Asked by the Cell annotation ``cellplane.io/switchover-to: <region>`` (which
+``cellplane switchover`` sets). The owner runs it, in this order, so that no
+write can land after the point the successor has replayed:
+
+1. the database grant ends (the cell database refuses every write from now);
+2. the primary's Postgres shuts down cleanly (its shutdown checkpoint is the
+   last WAL it will ever write as this primary);
+3. the standby's replay reaches that checkpoint (else: abort, start again);
+4. the owner key is released in one transaction with a handover record naming
+   the successor, which acquires epoch+1 at once, without the margin;
+5. the successor promotes, checkpoints and serves; this site, now an old
+   primary with nothing to lose, is rebuilt as its standby (``retire.py``).
+
+The write pause runs from 1 to the successor serving; ``benchmarks/switchover.py``
+measures it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from cellplane_operator.domain.failover import SWITCHOVER_TO, Handover
+from cellplane_operator.domain.ownership import database_grant
+from cellplane_operator.errors import CellplaneError
+from cellplane_operator.kube import CELLS
+from cellplane_operator.runtime.context import RegionContext
+from cellplane_operator.sites.base import DatabaseEndpoint
+
+if TYPE_CHECKING:
+    from cellplane_operator.ownership.table import GroupView
+    from cellplane_operator.runtime.cellsite import CellSiteRunner
+
+__all__ = ["PlannedHandover", "CATCH_UP_TIMEOUT_SECONDS"]
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_TIMEOUT_SECONDS = 10.0
+"""How long writes may stay stopped while the standby replays the last WAL; then abort."""
+_REPLAYED_SQL = b"SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
+
+
+class PlannedHandover:
+    def __init__(self, ctx: RegionContext, runner: CellSiteRunner) -> None:
+        self._ctx = ctx
+        self._runner = runner
+        self.in_progress = False
+        """True from the end of the grant to the release: renewals must not grant again."""
+        self._refusal_said: str | None = None
+
+    async def run(self, target: str, epoch: int, group: GroupView) -> None:
+        runner, ctx = self._runner, self._ctx
+        refusal, target_database, target_site = await self._check_target(target)
+        if refusal is not None or target_database is None:
+            if refusal != self._refusal_said:
+                self._refusal_said = refusal
+                await ctx.event(runner.body, "Warning", "SwitchoverRefused", refusal or "")
+            return
+        self._refusal_said = None
+        await ctx.event(runner.body, "Normal", "SwitchoverStarted",
+                        f"handing epoch {epoch} from {ctx.region} to {target}: writes stop now")
+        began = time.monotonic()
+        self.in_progress = True
+        try:
+            await runner.grant.stop_acting(epoch, f"planned switchover to {target}")
+            caught_up_lsn = await ctx.driver.demote_for_handover(runner.site)
+            stopped = time.monotonic()
+            if not await _replayed(target_database, caught_up_lsn, CATCH_UP_TIMEOUT_SECONDS):
+                await self._abort(epoch, target, caught_up_lsn)
+                return
+            caught_up = time.monotonic()
+            handover = Handover(source_region=ctx.region, target_region=target,
+                                target_site=target_site, epoch=epoch, caught_up_lsn=caught_up_lsn)
+            if not await runner.holder.release(handover):
+                log.error("%s: the owner key was no longer ours at the handover",
+                          runner.site.name)
+        finally:
+            self.in_progress = False
+        released = time.monotonic()
+        await ctx.event(runner.body, "Normal", "SwitchoverHandedOver",
+                        f"epoch {epoch} released to {target} {released - began:.2f}s after "
+                        f"writes stopped (clean shutdown {stopped - began:.2f}s, standby "
+                        f"replayed {caught_up_lsn} {caught_up - stopped:.2f}s later)")
+        try:
+            await ctx.driver.stop_serving(runner.site)
+        except CellplaneError as error:
+            log.warning("%s: could not stop the old API and workers: %s", runner.site.name, error)
+
+    async def _check_target(self, target: str) -> tuple[str | None, DatabaseEndpoint | None, str]:
+        cell = self._runner.cell
+        if target not in cell.site_regions:
+            return (f"cannot switch over to {target}: the cell has sites only in "
+                    f"{', '.join(cell.site_regions)}", None, "")
+        report = await self._ctx.reports.read(cell.name, target)
+        if report is None or report.role != "standby" or report.database is None:
+            return f"cannot switch over to {target}: its site is not a standby yet", None, ""
+        if not report.streaming:
+            return (f"cannot switch over to {target}: its standby is not streaming "
+                    f"({report.message or 'no reason given'})", None, "")
+        lag = report.lag_seconds or 0.0
+        if lag > cell.max_standby_lag_seconds:
+            return (f"cannot switch over to {target}: its standby is {lag:.1f}s behind "
+                    f"(max {cell.max_standby_lag_seconds:g}s)", None, "")
+        return None, report.database, report.site
+
+    async def _abort(self, epoch: int, target: str, lsn: str) -> None:
+        """The standby did not replay the last WAL in time: this site serves again, and the
+        request is withdrawn so that it does not stop writes again at the next pass."""
+        runner, ctx = self._runner, self._ctx
+        await ctx.driver.ensure_primary_database(runner.site)
+        holder = runner.holder
+        remaining = database_grant(holder.state, now=ctx.clock.monotonic(),
+                                   settings=runner.cell.lease)
+        self.in_progress = False
+        if remaining > 0:
+            await runner.grant.start_acting(epoch, remaining)
+        message = (f"{target} had not replayed {lsn} after {CATCH_UP_TIMEOUT_SECONDS:g}s: "
+                   f"switchover aborted, {ctx.region} serves again under epoch {epoch}")
+        await ctx.event(runner.body, "Warning", "SwitchoverAborted", message)
+        await _remove_annotation(ctx, runner.cell.name)
+
+
+async def _replayed(database: DatabaseEndpoint, lsn: str, timeout: float) -> bool:
+    """Polls the standby until its replay reaches ``lsn`` (every 20 ms: this is the pause)."""
+    deadline = time.monotonic() + timeout
+    try:
+        async with await psycopg.AsyncConnection.connect(database.conninfo, autocommit=True,
+                                                         connect_timeout=2) as conn:
+            while time.monotonic() < deadline:
+                row = await (await conn.execute(_REPLAYED_SQL, (lsn,))).fetchone()
+                if row is not None and row[0]:
+                    return True
+                await asyncio.sleep(0.02)
+    except psycopg.Error as error:
+        log.warning("could not follow the standby's replay: %s", error)
+    return False
+
+
+async def _remove_annotation(ctx: RegionContext, cell: str) -> None:
+    patch: dict[str, Any] = {"metadata": {"annotations": {SWITCHOVER_TO: None}}}
+    try:
+        await ctx.kube.patch(CELLS, cell, patch)
+    except CellplaneError as error:
+        log.warning("could not remove %s from cell %s: %s", SWITCHOVER_TO, cell, error)

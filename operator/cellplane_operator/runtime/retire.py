@@ -1,0 +1,118 @@
+"""An old primary after another site took its cell: fence it, report what it alone had,
+rebuild it as a standby of the new primary. Each step is idempotent and the
+order is the point:
+
+1. fence (pg_hba rejecting, sessions terminated, stopped, never restarted by a
+   health check) unless it is already down for good (fenced, or demoted by a
+   planned switchover);
+2. the reconciliation report: what the old primary committed past the point
+   the new primary's timeline began, read from the old data started where only
+   this operator reaches it, stored as a file and a ConfigMap, summarised in
+   the Cell's status and an Event. It is made before the rewind because the
+   rewind throws that data away; nothing is rebuilt without it;
+3. pg_rewind (or a fresh base backup) into a streaming standby of the new
+   primary: the cell is back to full redundancy with nobody typing a command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from pathlib import Path
+from typing import Any
+
+from cellplane_operator.domain.reconciliation import ReconciliationReport
+from cellplane_operator.errors import CellplaneError
+from cellplane_operator.kube import CELLS
+from cellplane_operator.reconcile.reader import build_report
+from cellplane_operator.reconcile.store import ReportStore
+from cellplane_operator.runtime.context import RegionContext
+from cellplane_operator.sites.base import SiteKey
+from cellplane_operator.sites.reports import SiteReport
+
+__all__ = ["OldPrimaryRetirement"]
+
+log = logging.getLogger(__name__)
+
+
+class OldPrimaryRetirement:
+    def __init__(self, ctx: RegionContext, site: SiteKey) -> None:
+        self._ctx = ctx
+        self._site = site
+        self._store = ReportStore(ctx.kube, ctx.settings.namespace, self.directory)
+
+    @property
+    def directory(self) -> Path:
+        return Path(self._ctx.settings.state_dir) / "reports"
+
+    async def step(self, body: dict[str, Any], active_region: str, epoch: int) -> str:
+        """One pass; returns what the site's report should say."""
+        site, driver = self._site, self._ctx.driver
+        new = await self._ctx.reports.read(site.cell, active_region)
+        if new is None or new.role != "primary" or new.database is None or not new.serving:
+            return f"replaced by {active_region}; waiting for its primary to serve"
+        try:
+            if await driver.database_role(site) == "primary":
+                await driver.fence_database(site)
+                await self._ctx.event(body, "Warning", "OldPrimaryFenced",
+                                      f"{site.name} lost the cell to {new.site} (epoch {epoch}): "
+                                      "fenced (connections rejected, sessions ended, stopped)")
+            if not self._report_path(epoch).exists():
+                await self._report(body, new, epoch)
+            await driver.rebuild_as_standby(site, new.database)
+        except CellplaneError as error:
+            log.error("%s: retiring the old primary: %s", site.name, error)
+            return f"old primary, not rebuilt yet: {error}"[:500]
+        await self._ctx.event(body, "Normal", "RebuiltAsStandby",
+                              f"{site.name} is a standby of {new.site} again")
+        return ""
+
+    def _report_path(self, epoch: int) -> Path:
+        return self.directory / f"{self._site.cell}-epoch-{epoch}.json"
+
+    async def _report(self, body: dict[str, Any], new: SiteReport, epoch: int) -> None:
+        site, driver = self._site, self._ctx.driver
+        assert new.database is not None
+        old = await driver.open_fenced_for_reading(site)
+        try:
+            report = await asyncio.to_thread(
+                build_report, old, new.database.conninfo, cell=site.cell, epoch=epoch,
+                old_site=site.name, new_site=new.site)
+        finally:
+            await driver.close_fenced_reading(site)
+        name, path = await self._store.save(report)
+        summary = report.summary()
+        log.info("%s: reconciliation report %s (%s): %s", site.name, name, path, summary)
+        await self._record(body, report, name)
+
+    async def _record(self, body: dict[str, Any], report: ReconciliationReport, name: str) -> None:
+        summary = report.summary()
+        status = {
+            "epoch": report.epoch, "report": name, "jobs": summary["jobs"],
+            "jobUpdates": summary["jobUpdates"], "ledgerEntries": summary["ledgerEntries"],
+            "outboxEvents": summary["outboxEvents"], "tenants": summary["tenantsAffected"],
+            "lostWalBytes": summary["lostWalBytes"],
+            "lossWindowSeconds": summary["lossWindowSeconds"],
+            "createdAt": report.created_at.astimezone(datetime.timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ")}
+        try:
+            await self._ctx.kube.patch(CELLS, self._site.cell,
+                                       {"status": {"lastReconciliation": status}},
+                                       subresource="status")
+        except CellplaneError as error:
+            log.warning("%s: could not record the report in the cell's status: %s",
+                        self._site.name, error)
+        lost = summary["jobs"] + summary["jobUpdates"] + summary["ledgerEntries"] \
+            + summary["outboxEvents"]
+        if lost:
+            message = (f"the old primary {report.old_site} had {summary['jobs']} job(s), "
+                       f"{summary['jobUpdates']} job update(s), {summary['ledgerEntries']} "
+                       f"ledger entr(ies) and {summary['outboxEvents']} event(s) of "
+                       f"{summary['tenantsAffected']} tenant(s) that {report.new_site} lacks; "
+                       f"`cellplane report {self._site.cell}` prints them (ConfigMap {name})")
+        else:
+            message = (f"the old primary {report.old_site} had nothing that {report.new_site} "
+                       f"lacks (ConfigMap {name})")
+        await self._ctx.event(body, "Warning" if lost else "Normal", "ReconciliationReport",
+                              message)

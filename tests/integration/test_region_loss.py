@@ -1,0 +1,338 @@
+"""Losing a region, for real: three regions, each with its operator and etcd member; cells
+with their primary site in region-a and a standby in region-b; load through the router of
+region-c. A region is lost by SIGKILLing all of its processes at once, or cut off from
+etcd by stopping its member only.
+
+What must hold: the cell serves again from the survivor; the acknowledged jobs missing
+afterwards are exactly the report's; the old primary comes back fenced and rebuilt as a
+standby, never a second primary; a standby too far behind is not promoted unless forced;
+a planned switchover loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from cellplane_operator.domain.reconciliation import ReconciliationReport
+from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
+from cellplane_operator.localplane.ports import LOOPBACK, free_port
+from cellplane_operator.localplane.process import wait_for
+from cellplane_operator.ownership import OwnershipTable
+from httpservers import RecordingServer
+from regionplane import RegionPlane, cell, cell_database, condition, db_rows, etcd, ready, \
+    secret_data, tenant
+
+REGIONS = ("region-a", "region-b", "region-c")
+LEASE = {"durationSeconds": 3, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5}
+SERVING = ("Ready", "Degraded")
+
+
+@pytest.fixture(scope="module")
+def plane(kube3: LocalControlPlane) -> Iterator[RegionPlane]:
+    regions = RegionPlane(kube3, REGIONS)
+    for region in REGIONS:
+        regions.start_operator(region, own_member=True)
+    try:
+        yield regions
+    finally:
+        regions.close()
+
+
+@pytest.fixture(scope="module")
+def router(plane: RegionPlane) -> Iterator[str]:
+    """The edge router of region-c, on region-c's etcd member only."""
+    port = free_port()
+    process = ManagedProcess(
+        "router-c", [sys.executable, "-m", "cellplane_operator", "router", "--etcd",
+                     plane.kube.etcd.member("region-c").endpoint, "--port", str(port),
+                     "--hold-seconds", "30"],
+        log=plane.kube.run_dir / "logs" / "router-c.log")
+    process.start()
+    url = f"http://{LOOPBACK}:{port}"
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}/v1/jobs", timeout=1).status_code == 401
+        except httpx.HTTPError:
+            return False
+
+    try:
+        process.wait_until(answers, timeout=60, what="the router to answer")
+        yield url
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[RecordingServer]:
+    with RecordingServer() as server:
+        yield server
+
+
+@dataclass
+class Load:
+    """One client submitting jobs through the router, each key until it is acknowledged
+    (a 503 or a broken connection is retried with the same key, as a client should)."""
+
+    router: str
+    api_key: str
+    prefix: str
+    acknowledged: dict[str, str] = field(default_factory=dict)
+    """idempotency key -> job id of the 202 (or replayed 200) the client got."""
+    acknowledged_at: list[float] = field(default_factory=list)
+    failed_attempts: set[str] = field(default_factory=set)
+    """Keys with at least one attempt that got no acknowledgement."""
+    stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Load:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=60)
+
+    def wait_for(self, count: int, timeout: float = 60) -> None:
+        wanted = len(self.acknowledged) + count
+        wait_for(lambda: len(self.acknowledged) >= wanted, timeout=timeout,
+                 what=f"{count} more acknowledged jobs (have {len(self.acknowledged)})")
+
+    def _run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        with httpx.Client(timeout=40) as client:
+            number = 0
+            while not self.stop.is_set():
+                key = f"{self.prefix}-{number}"
+                while True:
+                    try:
+                        answer = client.post(f"{self.router}/v1/jobs",
+                                             json={"target": "default", "payload": {"n": number}},
+                                             headers={**headers, "Idempotency-Key": key})
+                    except httpx.HTTPError:
+                        answer = None
+                    if answer is not None and answer.status_code in (200, 202):
+                        self.acknowledged[key] = answer.json()["job_id"]
+                        self.acknowledged_at.append(time.monotonic())
+                        break
+                    self.failed_attempts.add(key)
+                    if self.stop.is_set():
+                        return
+                    time.sleep(0.2)
+                number += 1
+                time.sleep(0.02)  # about 30 jobs a second: a load, not a flood
+
+    def longest_pause(self) -> float:
+        times = sorted(self.acknowledged_at)
+        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
+def _tenant_in(plane: RegionPlane, name: str, cell_name: str, target: RecordingServer,
+               ns: str) -> str:
+    plane.apply(tenant(name, ns, plan="enterprise", cell=cell_name,
+                       targets=[{"name": "default", "url": f"{target.url}/run"}]))
+    plane.await_status("tenant", name, ready, namespace=ns, timeout=120)
+    return (secret_data(plane, ns, f"{name}-api-key") or {})["api-key"]
+
+
+def _cell(plane: RegionPlane, name: str, **spec: Any) -> dict[str, Any]:
+    plane.apply(cell(name, "region-a", standbyRegions=["region-b"], lease=LEASE, **spec))
+    return plane.await_status(
+        "cell", name, lambda s: ready(s) and all(sb.get("streaming") for sb in s.get("standbys") or [])
+        and len(s.get("standbys") or []) == 1, timeout=180, what=f"cell {name} Ready with a standby")
+
+
+def _serves_from(region: str, epoch_above: int) -> Any:
+    return lambda s: (s.get("activeRegion") == region and int(s.get("epoch") or 0) > epoch_above
+                      and s.get("phase") in SERVING)
+
+
+def _redundant_again(region: str) -> Any:
+    return lambda s: any(sb["region"] == region and sb.get("streaming")
+                         for sb in s.get("standbys") or [])
+
+
+def _report(plane: RegionPlane, cell_name: str, epoch: int) -> ReconciliationReport:
+    printed = subprocess.run(
+        [sys.executable, "-m", "cellplane_operator", "report", cell_name, "--epoch", str(epoch),
+         "--json", "--kubeconfig", str(plane.kube.kubeconfig)],
+        capture_output=True, text=True, check=True, timeout=60)
+    return ReconciliationReport.from_json(printed.stdout)
+
+
+def _in_recovery(conninfo: str) -> bool:
+    return bool(db_rows(conninfo, "SELECT pg_is_in_recovery()")[0][0])
+
+
+def _job_ids(conninfo: str, tenant_id: str) -> set[str]:
+    return {str(row[0]) for row in db_rows(conninfo, "SELECT job_id FROM jobs WHERE tenant_id = %s",
+                                           tenant_id)}
+
+
+def test_losing_the_active_region_under_load(plane: RegionPlane, router: str,
+                                             target: RecordingServer) -> None:
+    ns = plane.namespace("loss")
+    before = _cell(plane, "loss-a1")
+    key = _tenant_in(plane, "acme", "loss-a1", target, ns)
+    tenant_id = key.removeprefix("cpk_").split(".")[0]
+    load = Load(router, key, f"loss-{uuid.uuid4().hex[:6]}").start()
+    try:
+        load.wait_for(40)
+        killed_at = plane.kill_region("region-a")
+        acknowledged_before_kill = len(load.acknowledged)
+        status = plane.await_status("cell", "loss-a1", _serves_from("region-b", before["epoch"]),
+                                    timeout=60, what="region-b to serve loss-a1")
+        load.wait_for(20)
+    finally:
+        load.finish()
+    first_after = min(t for t in load.acknowledged_at if t > killed_at)
+    print(f"\nregion-a killed: first accepted write {first_after - killed_at:.2f}s later "
+          f"(takeover {status['lastTakeover']['seconds']}s); {acknowledged_before_kill} "
+          f"acknowledged before, {len(load.acknowledged)} in all")
+    assert status["lastTakeover"]["fromRegion"] == "region-a"
+    assert status["lastTakeover"]["planned"] is False
+    new_primary = cell_database(plane, "loss-a1", "region-b")
+    assert not _in_recovery(new_primary)
+
+    plane.restore_region("region-a")
+    status = plane.await_status(
+        "cell", "loss-a1",
+        lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
+        and _redundant_again("region-a")(s), timeout=120,
+        what="region-a fenced, reported and rebuilt as a standby")
+    assert status["activeRegion"] == "region-b"
+    old_site = cell_database(plane, "loss-a1", "region-a")
+    assert _in_recovery(old_site), "the old primary came back as a second primary"
+
+    report = _report(plane, "loss-a1", status["epoch"])
+    acknowledged = set(load.acknowledged.values())
+    surviving = _job_ids(new_primary, tenant_id)
+    missing = acknowledged - surviving
+    reported = {job.job_id for job in report.jobs}
+    assert missing == reported & acknowledged, (missing, reported)
+    # What the report has beyond that was committed but never acknowledged to the client.
+    for job in report.jobs:
+        if job.job_id not in acknowledged:
+            assert job.idempotency_key in load.failed_attempts
+    assert status["lastReconciliation"]["jobs"] == len(report.jobs)
+    # No job charged twice; nothing the old primary wrote past its lease deadline.
+    assert not db_rows(new_primary, "SELECT job_id, kind FROM ledger GROUP BY job_id, kind "
+                                    "HAVING count(*) > 1")
+    if report.last_old_write_at is not None:
+        assert report.old_lease_deadline is not None
+        assert report.last_old_write_at <= report.old_lease_deadline
+    # The old primary replays the new one's writes: one timeline, one primary.
+    wait_for(lambda: _job_ids(old_site, tenant_id) >= surviving, timeout=30,
+             what="the rebuilt standby to replay the new primary's jobs")
+    group = etcd(plane, lambda store: OwnershipTable(store).read_group("loss-a1"))
+    assert group.owner is not None and group.owner.region == "region-b"
+
+
+def test_a_standby_too_far_behind_is_not_promoted_unless_forced(
+        plane: RegionPlane, router: str, target: RecordingServer) -> None:
+    before = _cell(plane, "lag-a1", failover={"maxStandbyLagSeconds": 1})
+    standby = cell_database(plane, "lag-a1", "region-b")
+    primary = cell_database(plane, "lag-a1", "region-a")
+    with psycopg.connect(standby, autocommit=True) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+    # Commits the standby receives but does not replay: its lag grows from here.
+    with psycopg.connect(primary.replace("dbname=cellplane", "dbname=postgres"),
+                         autocommit=True) as conn:
+        conn.execute("CREATE TABLE lag_probe (n int)")
+    plane.await_status("cell", "lag-a1", lambda s: (s.get("standbyLagSeconds") or 0) > 2,
+                       timeout=60, what="the standby's lag to pass the limit")
+    plane.kill_region("region-a")
+    status = plane.await_status(
+        "cell", "lag-a1", lambda s: condition(s, "Ready").get("reason") == "StandbyTooFarBehind",
+        timeout=60, what="the standby to refuse the promotion")
+    assert status["phase"] == "FailingOver"
+    assert "force-failover=region-b" in condition(status, "Ready")["message"]
+    group = etcd(plane, lambda store: OwnershipTable(store).read_group("lag-a1"))
+    assert group.owner is None and group.epoch == before["epoch"]
+    events = plane.kube.kubectl("get", "events", "-n", "default", "--field-selector",
+                                "involvedObject.name=lag-a1,reason=FailoverRefused",
+                                "-o", "json")
+    assert json.loads(events.stdout)["items"], "no FailoverRefused event"
+
+    forced = subprocess.run(
+        [sys.executable, "-m", "cellplane_operator", "failover", "lag-a1", "--to", "region-b",
+         "--force", "--wait", "--timeout", "60", "--kubeconfig", str(plane.kube.kubeconfig)],
+        capture_output=True, text=True, timeout=90)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    status = plane.await_status("cell", "lag-a1", _serves_from("region-b", before["epoch"]))
+    cell_now = plane.get("cell", "lag-a1") or {}
+    assert "cellplane.io/force-failover" not in (cell_now["metadata"].get("annotations") or {})
+
+    plane.restore_region("region-a")
+    status = plane.await_status(
+        "cell", "lag-a1", lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
+        and _redundant_again("region-a")(s), timeout=120, what="region-a rebuilt")
+    # Promotion replays what the paused standby had received: the lag was in replay only.
+    assert _report(plane, "lag-a1", status["epoch"]).nothing_lost
+
+
+def test_a_planned_switchover_loses_nothing(plane: RegionPlane, router: str,
+                                            target: RecordingServer) -> None:
+    ns = plane.namespace("switch")
+    before = _cell(plane, "sw-a1")
+    key = _tenant_in(plane, "globex", "sw-a1", target, ns)
+    tenant_id = key.removeprefix("cpk_").split(".")[0]
+    load = Load(router, key, f"sw-{uuid.uuid4().hex[:6]}").start()
+    try:
+        load.wait_for(30)
+        moved = subprocess.run(
+            [sys.executable, "-m", "cellplane_operator", "switchover", "sw-a1", "--to",
+             "region-b", "--wait", "--timeout", "60", "--kubeconfig",
+             str(plane.kube.kubeconfig)], capture_output=True, text=True, timeout=90)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        load.wait_for(20)
+    finally:
+        load.finish()
+    status = plane.await_status("cell", "sw-a1", _serves_from("region-b", before["epoch"]))
+    assert status["lastTakeover"]["planned"] is True
+    print(f"\nswitchover: longest gap between acknowledged writes {load.longest_pause():.2f}s; "
+          f"handover {status['lastTakeover']['seconds']}s")
+    new_primary = cell_database(plane, "sw-a1", "region-b")
+    assert set(load.acknowledged.values()) <= _job_ids(new_primary, tenant_id)
+    status = plane.await_status(
+        "cell", "sw-a1", lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
+        and _redundant_again("region-a")(s), timeout=120, what="region-a a standby of region-b")
+    report = _report(plane, "sw-a1", status["epoch"])
+    assert report.nothing_lost, report.render_text()
+    assert _in_recovery(cell_database(plane, "sw-a1", "region-a"))
+    annotations = (plane.get("cell", "sw-a1") or {})["metadata"].get("annotations") or {}
+    assert "cellplane.io/switchover-to" not in annotations
+
+
+def test_a_region_cut_off_from_etcd_fences_itself_and_is_taken_over(
+        plane: RegionPlane, router: str, target: RecordingServer) -> None:
+    before = _cell(plane, "cut-a1")
+    old_primary = cell_database(plane, "cut-a1", "region-a")
+    plane.kube.etcd.kill("region-a")   # region-a's processes all keep running
+    status = plane.await_status("cell", "cut-a1", _serves_from("region-b", before["epoch"]),
+                                timeout=60, what="region-b to take cut-a1 over")
+    # The cut-off primary still runs, and refuses a write of its old epoch by itself.
+    with psycopg.connect(old_primary, autocommit=True) as conn:
+        conn.execute(f"SET cellplane.epoch = {before['epoch']}")
+        # A statement trigger guards every write, even one that touches no row.
+        with pytest.raises(psycopg.Error, match="lease expired|stale epoch"):
+            conn.execute("DELETE FROM jobs WHERE false")
+    plane.kube.etcd.restart("region-a")
+    status = plane.await_status(
+        "cell", "cut-a1", lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
+        and _redundant_again("region-a")(s), timeout=120, what="region-a fenced and rebuilt")
+    assert _in_recovery(cell_database(plane, "cut-a1", "region-a"))
