@@ -20,9 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 
 from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
+from cellplane_operator.localplane.ports import LOOPBACK, free_port
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.sites.local import stop_all_sites
@@ -109,6 +111,31 @@ class RegionPlane:
         """The region comes back: its etcd member rejoins, its operator starts again."""
         self.kube.etcd.restart(region)
         return self.start_operator(region, own_member=True, log_suffix="-back")
+
+    def start_router(self, etcd_endpoints: list[str], *, hold_seconds: float,
+                     name: str = "router") -> tuple[ManagedProcess, str]:
+        """``cellplane router`` as its own process, answering; (process, base URL)."""
+        port = free_port()
+        process = ManagedProcess(
+            name, [sys.executable, "-m", "cellplane_operator", "router", "--etcd",
+                   ",".join(etcd_endpoints), "--port", str(port),
+                   "--hold-seconds", str(hold_seconds)],
+            log=self.kube.run_dir / "logs" / f"{name}.log")
+        process.start()
+        url = f"http://{LOOPBACK}:{port}"
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{url}/v1/jobs", timeout=1).status_code == 401
+            except httpx.HTTPError:
+                return False
+
+        try:
+            process.wait_until(answers, timeout=60, what="the router to answer")
+        except BaseException:
+            process.stop()
+            raise
+        return process, url
 
     # -- kubectl -------------------------------------------------------------------
 

@@ -26,8 +26,7 @@ import psycopg
 import pytest
 
 from cellplane_operator.domain.reconciliation import ReconciliationReport
-from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
-from cellplane_operator.localplane.ports import LOOPBACK, free_port
+from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.ownership import OwnershipTable
 from httpservers import RecordingServer
@@ -53,23 +52,9 @@ def plane(kube3: LocalControlPlane) -> Iterator[RegionPlane]:
 @pytest.fixture(scope="module")
 def router(plane: RegionPlane) -> Iterator[str]:
     """The edge router of region-c, on region-c's etcd member only."""
-    port = free_port()
-    process = ManagedProcess(
-        "router-c", [sys.executable, "-m", "cellplane_operator", "router", "--etcd",
-                     plane.kube.etcd.member("region-c").endpoint, "--port", str(port),
-                     "--hold-seconds", "30"],
-        log=plane.kube.run_dir / "logs" / "router-c.log")
-    process.start()
-    url = f"http://{LOOPBACK}:{port}"
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{url}/v1/jobs", timeout=1).status_code == 401
-        except httpx.HTTPError:
-            return False
-
+    process, url = plane.start_router([plane.kube.etcd.member("region-c").endpoint],
+                                      hold_seconds=30, name="router-c")
     try:
-        process.wait_until(answers, timeout=60, what="the router to answer")
         yield url
     finally:
         process.stop()
@@ -161,9 +146,13 @@ def _serves_from(region: str, epoch_above: int) -> Any:
                       and s.get("phase") in SERVING)
 
 
-def _redundant_again(region: str) -> Any:
-    return lambda s: any(sb["region"] == region and sb.get("streaming")
-                         for sb in s.get("standbys") or [])
+def _rebuilt(plane: RegionPlane, cell_name: str, epoch: int) -> dict[str, Any]:
+    """Waits until region-a's old primary was reported on for ``epoch`` and streams again."""
+    return plane.await_status(
+        "cell", cell_name,
+        lambda s: (s.get("lastReconciliation") or {}).get("epoch") == epoch
+        and any(sb["region"] == "region-a" and sb.get("streaming") for sb in s.get("standbys") or []),
+        timeout=120, what="region-a fenced, reported on and rebuilt as a standby")
 
 
 def _report(plane: RegionPlane, cell_name: str, epoch: int) -> ReconciliationReport:
@@ -209,11 +198,7 @@ def test_losing_the_active_region_under_load(plane: RegionPlane, router: str,
     assert not _in_recovery(new_primary)
 
     plane.restore_region("region-a")
-    status = plane.await_status(
-        "cell", "loss-a1",
-        lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
-        and _redundant_again("region-a")(s), timeout=120,
-        what="region-a fenced, reported and rebuilt as a standby")
+    status = _rebuilt(plane, "loss-a1", status["epoch"])
     assert status["activeRegion"] == "region-b"
     old_site = cell_database(plane, "loss-a1", "region-a")
     assert _in_recovery(old_site), "the old primary came back as a second primary"
@@ -240,6 +225,19 @@ def test_losing_the_active_region_under_load(plane: RegionPlane, router: str,
              what="the rebuilt standby to replay the new primary's jobs")
     group = etcd(plane, lambda store: OwnershipTable(store).read_group("loss-a1"))
     assert group.owner is not None and group.owner.region == "region-b"
+
+    # Jobs that ran in region-a resume in region-b once their job leases run out (30 s),
+    # every step retried under the idempotency key it had before.
+    def all_finished() -> bool:
+        return not db_rows(new_primary, "SELECT 1 FROM jobs WHERE tenant_id = %s AND status "
+                                        "NOT IN ('succeeded') LIMIT 1", tenant_id)
+    wait_for(all_finished, timeout=90, what="every surviving job to succeed in region-b")
+    keys: dict[tuple[str, int], set[str]] = {}
+    for call in target.calls:
+        if call.json.get("tenant") == tenant_id:
+            keys.setdefault((call.json["job_id"], call.json["step"]), set()).add(
+                call.headers["idempotency-key"])
+    assert keys and all(len(seen) == 1 for seen in keys.values())
 
 
 def test_a_standby_too_far_behind_is_not_promoted_unless_forced(
@@ -278,9 +276,7 @@ def test_a_standby_too_far_behind_is_not_promoted_unless_forced(
     assert "cellplane.io/force-failover" not in (cell_now["metadata"].get("annotations") or {})
 
     plane.restore_region("region-a")
-    status = plane.await_status(
-        "cell", "lag-a1", lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
-        and _redundant_again("region-a")(s), timeout=120, what="region-a rebuilt")
+    status = _rebuilt(plane, "lag-a1", status["epoch"])
     # Promotion replays what the paused standby had received: the lag was in replay only.
     assert _report(plane, "lag-a1", status["epoch"]).nothing_lost
 
@@ -308,9 +304,7 @@ def test_a_planned_switchover_loses_nothing(plane: RegionPlane, router: str,
           f"handover {status['lastTakeover']['seconds']}s")
     new_primary = cell_database(plane, "sw-a1", "region-b")
     assert set(load.acknowledged.values()) <= _job_ids(new_primary, tenant_id)
-    status = plane.await_status(
-        "cell", "sw-a1", lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
-        and _redundant_again("region-a")(s), timeout=120, what="region-a a standby of region-b")
+    status = _rebuilt(plane, "sw-a1", status["epoch"])
     report = _report(plane, "sw-a1", status["epoch"])
     assert report.nothing_lost, report.render_text()
     assert _in_recovery(cell_database(plane, "sw-a1", "region-a"))
@@ -332,7 +326,5 @@ def test_a_region_cut_off_from_etcd_fences_itself_and_is_taken_over(
         with pytest.raises(psycopg.Error, match="lease expired|stale epoch"):
             conn.execute("DELETE FROM jobs WHERE false")
     plane.kube.etcd.restart("region-a")
-    status = plane.await_status(
-        "cell", "cut-a1", lambda s: (s.get("lastReconciliation") or {}).get("epoch") == status["epoch"]
-        and _redundant_again("region-a")(s), timeout=120, what="region-a fenced and rebuilt")
+    status = _rebuilt(plane, "cut-a1", status["epoch"])
     assert _in_recovery(cell_database(plane, "cut-a1", "region-a"))

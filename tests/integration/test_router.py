@@ -7,7 +7,6 @@ the router as its own process (`cellplane router`).
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,8 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
-from cellplane_operator.localplane.ports import LOOPBACK, free_port
+from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.sites.base import SiteEndpoints
@@ -40,23 +38,8 @@ def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
 
 @pytest.fixture(scope="module")
 def router(plane: RegionPlane) -> Iterator[str]:
-    port = free_port()
-    process = ManagedProcess(
-        "router", [sys.executable, "-m", "cellplane_operator", "router", "--etcd",
-                   ",".join(plane.kube.etcd.endpoints), "--port", str(port),
-                   "--hold-seconds", str(HOLD_SECONDS)],
-        log=plane.kube.run_dir / "logs" / "router.log")
-    process.start()
-    url = f"http://{LOOPBACK}:{port}"
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{url}/v1/jobs", timeout=1).status_code == 401
-        except httpx.HTTPError:
-            return False
-
+    process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=HOLD_SECONDS)
     try:
-        process.wait_until(answers, timeout=60, what="the router to answer")
         yield url
     finally:
         process.stop()
