@@ -143,7 +143,8 @@ def _cell(plane: RegionPlane, name: str, **spec: Any) -> dict[str, Any]:
 
 def _serves_from(region: str, epoch_above: int) -> Any:
     return lambda s: (s.get("activeRegion") == region and int(s.get("epoch") or 0) > epoch_above
-                      and s.get("phase") in SERVING)
+                      and s.get("phase") in SERVING
+                      and (s.get("lastTakeover") or {}).get("epoch") == s.get("epoch"))
 
 
 def _rebuilt(plane: RegionPlane, cell_name: str, epoch: int) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from psycopg import errors
 from cellplane_operator.errors import SiteError
 from cellplane_operator.localplane.postgres import postgres_os_user
 from cellplane_operator.sites import DatabaseEndpoint, SiteKey
-from cellplane_operator.sites.base import wal_position
+from cellplane_operator.sites.base import ServingSpec, wal_position
 from cellplane_operator.sites.state import DatabaseIntent
 from sitefixtures import Sites, alive, run_sites
 
@@ -188,6 +188,23 @@ async def test_promote_fence_and_rebuild_lose_only_the_stale_primary_write(
     assert await sites.driver.rebuild_as_standby(OLD, new) == old  # idempotent
     print(f"\nTIMING promote+checkpoint {promote_seconds:.2f}s, fence {fence_seconds:.2f}s, "
           f"rebuild by pg_rewind {rewind_seconds:.2f}s")
+
+
+async def test_fencing_a_serving_primary_ends_its_api_and_workers_for_good(sites: Sites) -> None:
+    old, new = await _pair(sites)
+    await sites.driver.start_serving(OLD, ServingSpec(epoch=1, admin_token="fence-test-token-0001",
+                                                      allow_private_targets=True))
+    serving = {role: pid for role, pid in sites.pids(OLD).items() if role != "postgres"}
+    assert set(serving) == {"api", "worker-0"}
+    await sites.driver.promote_database(NEW)
+    await sites.driver.fence_database(OLD)
+    assert not any(alive(pid) for pid in serving.values())
+    assert sites.state(OLD).serving is None
+    await sites.driver.rebuild_as_standby(OLD, new)
+    # The standby it became must not get the old primary's API and workers back.
+    health = await sites.driver.check(OLD)
+    assert health.in_recovery and not health.serving and health.endpoints is None
+    assert set(sites.state(OLD).processes) == {"postgres"}
 
 
 async def test_rebuild_falls_back_to_a_base_backup_when_rewind_is_impossible(

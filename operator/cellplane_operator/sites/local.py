@@ -232,6 +232,9 @@ class LocalSiteDriver:
         fence(site, layout, db, running=db.running_postmaster() is not None,
               stop=lambda: db.stop(state.processes.pop(POSTGRES, None)))
         state.save(layout)
+        # An old primary serves nothing: its API and workers (refused by now) go too, and
+        # no later health check may start them again on the standby it becomes.
+        self._end_serving(state, layout)
 
     def _demote(self, site: SiteKey) -> str:
         """Intent first (so nothing restarts it), then the stop; the location is kept, since
@@ -336,6 +339,9 @@ class LocalSiteDriver:
         state = SiteState.load(layout)
         if state is None:
             return
+        self._end_serving(state, layout)
+
+    def _end_serving(self, state: SiteState, layout: SiteLayout) -> None:
         state.serving = None
         self._stop_roles(state, layout, [r for r in state.processes if r != POSTGRES])
         layout.token_file.unlink(missing_ok=True)
