@@ -207,6 +207,22 @@ async def test_fencing_a_serving_primary_ends_its_api_and_workers_for_good(sites
     assert set(sites.state(OLD).processes) == {"postgres"}
 
 
+async def test_a_standbys_warmed_up_api_is_adopted_when_it_takes_over(sites: Sites) -> None:
+    _, new = await _pair(sites)
+    spec = ServingSpec(epoch=2, admin_token="warm-test-token-00001", allow_private_targets=True)
+    await sites.driver.warm_up(NEW, spec)
+    warm = sites.pids(NEW)
+    assert set(warm) == {"postgres", "api"}  # no workers on a standby
+    health = await sites.driver.check(NEW)
+    assert health.in_recovery and health.epoch == 2
+    await sites.driver.promote_database(NEW)
+    await sites.driver.start_serving(NEW, spec)
+    serving = sites.pids(NEW)
+    assert serving["api"] == warm["api"] and "worker-0" in serving
+    with pytest.raises(SiteError, match="not a standby"):
+        await sites.driver.warm_up(NEW, spec)
+
+
 async def test_rebuild_falls_back_to_a_base_backup_when_rewind_is_impossible(
         sites: Sites, caplog: pytest.LogCaptureFixture) -> None:
     """A primary of another cluster (another system identifier) cannot be rewound onto NEW:

@@ -83,6 +83,8 @@ class CellSiteRunner:
         self._refusal_said: tuple[int, str] | None = None
         self._takeover: dict[str, Any] | None = None
         """Set by ``start_acting`` when this site took the epoch from another; said once serving."""
+        self._serving_epoch: int | None = None
+        self._warm_epoch: int | None = None
         self._handover = PlannedHandover(ctx, self)
         self._retirement = OldPrimaryRetirement(ctx, self.site)
 
@@ -194,7 +196,10 @@ class CellSiteRunner:
             return
         health = await self._check()
         epoch = self._epoch
-        if epoch is not None and health.database_up and health.epoch != epoch:
+        if epoch is not None and health.database_up and (
+                health.epoch != epoch or self._serving_epoch != epoch):
+            # Also when the processes run under this epoch already: an API warmed up on
+            # the standby this site was runs without workers until start_serving adds them.
             health = await self._start_serving(epoch, token) or health
         serving = health.serving and epoch is not None and health.epoch == epoch
         await self._publish(SiteReport(
@@ -289,6 +294,7 @@ class CellSiteRunner:
             await self._ctx.event(self._body, "Warning", "StartFailed", str(error))
             return None
         self._problem = ""
+        self._serving_epoch = epoch
         await self._ctx.event(self._body, "Normal", "Serving",
                               f"cell API and {spec.worker_processes} worker process(es) of "
                               f"{self.site.name} serve under epoch {epoch}")
@@ -380,7 +386,25 @@ class CellSiteRunner:
         if (group.owner is None and group.active is not None and not decision.compete
                 and decision.refusal is not None):
             await self._say_refusal(group.epoch, decision)
+        if report.streaming and group.active is not None:
+            await self._warm_up(group.epoch + 1)
         await self._publish(report)
+
+    async def _warm_up(self, epoch: int) -> None:
+        """Keeps this standby's API started under the epoch a takeover by it would raise
+        the group to, so that serving after a promotion needs no new process."""
+        if self._warm_epoch == epoch:
+            return
+        try:
+            spec = ServingSpec(epoch=epoch,
+                               admin_token=await self._ctx.cell_admin_token(self.cell.name),
+                               worker_processes=self.cell.worker_processes,
+                               slots_per_worker=self.cell.slots_per_worker,
+                               allow_private_targets=self.cell.allow_private_targets)
+            await self._ctx.driver.warm_up(self.site, spec)
+            self._warm_epoch = epoch
+        except CellplaneError as error:
+            log.warning("%s: could not warm up the API: %s", self.site.name, error)
 
     async def _follow(self, active_region: str) -> SiteReport:
         """Keeps this site a streaming standby of the active site; its report."""
@@ -440,6 +464,7 @@ class CellSiteRunner:
                 or active.region == self._ctx.region:
             return
         self._database = None
+        self._warm_epoch = None  # the fence ended every process but Postgres
         message = await self._retirement.step(self._body, active.region, active.epoch)
         await self._publish(SiteReport(role="old-primary", site=self.site.name, message=message))
 

@@ -142,6 +142,12 @@ class SiteDriver(Protocol):
         """API and workers under ``spec.epoch``. Processes already running under that epoch
         are adopted; processes of another epoch are stopped first. Never two sets at once."""
 
+    async def warm_up(self, site: SiteKey, spec: ServingSpec) -> None:
+        """A standby's cell API started ahead, under the epoch the site would act under if
+        it took over (``spec.epoch``), without workers: ``start_serving`` under that epoch
+        after a promotion adopts it instead of waiting for a new process to start. Nothing
+        routes to it while another site owns the cell, and its database takes no write."""
+
     async def stop_serving(self, site: SiteKey) -> None:
         """Stops the site's API and workers (its database keeps running)."""
 

@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -148,6 +148,10 @@ class LocalSiteDriver:
     async def start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
         async with self._lock(site):
             return await asyncio.to_thread(self._start_serving, site, spec)
+
+    async def warm_up(self, site: SiteKey, spec: ServingSpec) -> None:
+        async with self._lock(site):
+            await asyncio.to_thread(self._warm_up, site, spec)
 
     async def stop_serving(self, site: SiteKey) -> None:
         async with self._lock(site):
@@ -314,25 +318,38 @@ class LocalSiteDriver:
     # -- serving -----------------------------------------------------------------------
 
     def _start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
-        if len(spec.admin_token) < MIN_TOKEN_LENGTH:
-            raise SiteError(f"the admin token of {site.name} needs {MIN_TOKEN_LENGTH}+ characters")
         state, layout, db = self._open(site)
         if state.database is None or state.database.role != "primary":
             raise SiteError(f"{site.name} has no primary database: ensure_primary_database first")
         # The API cannot start without its database: bring a stopped one back first.
         self._run_postgres(state, layout, db, create=_never)
-        token_changed = layout.read_token() not in (None, spec.admin_token)
-        layout.write_token(spec.admin_token)
-        state.serving = ServingIntent(spec.epoch, spec.worker_processes, spec.slots_per_worker,
-                                      spec.allow_private_targets)
-        state.save(layout)
-        started = self._converge(site, state, layout, db, restart_api=token_changed)
+        started = self._serve(site, state, layout, db, spec)
         if started:
             log.info("%s: started %s under epoch %d", site.name, ", ".join(started), spec.epoch)
         else:
             log.info("%s: adopted the processes of epoch %d", site.name, spec.epoch)
         self._wait_serving(site, state, layout, spec.admin_token)
         return self._endpoints(state)
+
+    def _warm_up(self, site: SiteKey, spec: ServingSpec) -> None:
+        state, layout, db = self._existing(site)
+        if state.database is None or state.database.role != "standby":
+            raise SiteError(f"{site.name} is not a standby: only a standby's API is warmed up")
+        started = self._serve(site, state, layout, db, replace(spec, worker_processes=0))
+        if started:
+            log.info("%s: warmed up the API for epoch %d", site.name, spec.epoch)
+
+    def _serve(self, site: SiteKey, state: SiteState, layout: SiteLayout, db: SiteDatabase,
+               spec: ServingSpec) -> list[str]:
+        """Records ``spec`` as the serving intent and makes the processes match it."""
+        if len(spec.admin_token) < MIN_TOKEN_LENGTH:
+            raise SiteError(f"the admin token of {site.name} needs {MIN_TOKEN_LENGTH}+ characters")
+        token_changed = layout.read_token() not in (None, spec.admin_token)
+        layout.write_token(spec.admin_token)
+        state.serving = ServingIntent(spec.epoch, spec.worker_processes, spec.slots_per_worker,
+                                      spec.allow_private_targets)
+        state.save(layout)
+        return self._converge(site, state, layout, db, restart_api=token_changed)
 
     def _stop_serving(self, site: SiteKey) -> None:
         layout = self.layout(site)
