@@ -25,11 +25,10 @@ import psycopg
 
 from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
-from cellplane_operator.localplane.process import wait_for
+from cellplane_operator.localplane.process import descendants, wait_for
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
-from cellplane_operator.sites.local import stop_all_sites
+from cellplane_operator.sites.local import site_process_ids, stop_all_sites
 from cellplane_operator.sites.reports import SiteReports
-from cellplane_operator.sites.state import SiteLayout, SiteState
 from cellplane_operator.store import EtcdStore
 
 FAST_LEASE = {"durationSeconds": 2, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5}
@@ -93,8 +92,8 @@ class RegionPlane:
         """Everything of the region at once, by SIGKILL: its operator, its etcd member and
         every process of its sites (Postgres backends included). Returns when it happened
         (time.monotonic)."""
-        victims = [pid for pid in _site_pids(self.state_dir(region))]
-        victims += [pid for root in list(victims) for pid in _descendants(root)]
+        victims = site_process_ids(self.state_dir(region))
+        victims += [pid for root in list(victims) for pid in descendants(root)]
         operator = self.operators.get(region)
         member = self.kube.etcd.member(region).process
         victims += [p.pid for p in (operator, member) if p is not None and p.pid is not None]
@@ -245,25 +244,3 @@ def ready_cell(plane: RegionPlane, name: str, region: str = "region-a", **kwargs
     return plane.await_status("cell", name, lambda s: ready(s) and bool(s.get("endpoints")),
                               timeout=120)
 
-
-def _site_pids(state_dir: Path) -> list[int]:
-    pids: list[int] = []
-    for root in sorted(p for p in state_dir.glob("*@*") if p.is_dir()):
-        state = SiteState.load(SiteLayout(root))
-        if state is not None:
-            pids += [record.pid for record in state.processes.values()]
-    return pids
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, queue = [], [root]
-    while queue:
-        for child in children.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found

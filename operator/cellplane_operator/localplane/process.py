@@ -174,3 +174,22 @@ class ManagedProcess:
 
     def __repr__(self) -> str:
         return f"ManagedProcess({self.name!r}, pid={self.pid})"
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children, their children...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name may hold spaces and parentheses: fields start after the last ")".
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue  # gone while we looked
+    found: list[int] = []
+    queue = [root]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found

@@ -56,7 +56,7 @@ from cellplane_operator.sites.failover import (
 from cellplane_operator.sites.processes import ProcessRecord, spawn, stop_processes, wait_gone
 from cellplane_operator.sites.state import DatabaseIntent, ServingIntent, SiteLayout, SiteState
 
-__all__ = ["LocalSiteDriver", "stop_all_sites"]
+__all__ = ["LocalSiteDriver", "stop_all_sites", "site_process_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -604,3 +604,15 @@ def stop_all_sites(state_dir: Path) -> list[int]:
     if left := wait_gone(stopped):
         log.warning("stopped site processes not yet reaped by their parent: %s", left)
     return stopped
+
+
+def site_process_ids(state_dir: Path) -> list[int]:
+    """The recorded PIDs of every process of every site under ``state_dir`` (for tests and
+    benchmarks that lose a region on purpose)."""
+    pids: list[int] = []
+    if state_dir.is_dir():
+        for root in sorted(p for p in state_dir.iterdir() if p.is_dir()):
+            state = SiteState.load(SiteLayout(root))
+            if state is not None:
+                pids += [record.pid for record in state.processes.values()]
+    return pids
