@@ -128,7 +128,10 @@ class Load:
 
 def _tenant_in(plane: RegionPlane, name: str, cell_name: str, target: RecordingServer,
                ns: str) -> str:
+    # The plan's default rate (1 job/s after a burst of 60) would cap the load; raised
+    # within the plan's ceiling.
     plane.apply(tenant(name, ns, plan="enterprise", cell=cell_name,
+                       quotas={"jobsPerSecond": 100, "burst": 500},
                        targets=[{"name": "default", "url": f"{target.url}/run"}]))
     plane.await_status("tenant", name, ready, namespace=ns, timeout=120)
     return (secret_data(plane, ns, f"{name}-api-key") or {})["api-key"]

@@ -24,19 +24,28 @@ class CellDatabaseGrant:
     """A ``GroupActor`` that only moves the database's grant (workers are started elsewhere)."""
 
     def __init__(self, conninfo: str, *, timeout_seconds: float = 1.0) -> None:
-        self._conninfo = conninfo
+        self.conninfo = conninfo
         self._timeout = timeout_seconds
         self._conn: psycopg.AsyncConnection | None = None
         self.last_grant: tuple[int, float] | None = None
         """(epoch, remaining seconds) of the last grant the database accepted."""
 
     async def _grant(self, epoch: int, remaining_seconds: float) -> None:
+        try:
+            await self._execute(epoch, remaining_seconds)
+        except psycopg.OperationalError:
+            # The kept connection may have died with a restart of the server (a site
+            # demoted, rewound and promoted again keeps its address): once more, anew.
+            await self._execute(epoch, remaining_seconds)
+        self.last_grant = (epoch, remaining_seconds)
+
+    async def _execute(self, epoch: int, remaining_seconds: float) -> None:
         # One kept connection, with a statement timeout: a stalled database
         # must not hold the lease loop past a renewal.
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, connect_timeout=max(int(self._timeout), 1),
+                    self.conninfo, autocommit=True, connect_timeout=max(int(self._timeout), 1),
                     options=f"-c statement_timeout={int(self._timeout * 1000)}")
             await self._conn.execute(_GRANT, (epoch, remaining_seconds))
         except psycopg.Error:
@@ -44,7 +53,6 @@ class CellDatabaseGrant:
                 await self._conn.close()
             self._conn = None
             raise
-        self.last_grant = (epoch, remaining_seconds)
 
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
         await self._grant(epoch, remaining_seconds)

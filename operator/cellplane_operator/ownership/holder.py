@@ -86,6 +86,8 @@ class LeaseHolder:
         planned handover that names this holder's site is taken all the same."""
         self.group: GroupView | None = None
         """The group's keys as last read."""
+        self.vacated_at: float | None = None
+        """When this holder saw the owner key gone before its latest acquisition (monotonic)."""
         self._on_group_read = on_group_read
         self._may_adopt = adopt_own_lease
         """At the first read, continue a live lease whose owner record names our identity.
@@ -179,6 +181,7 @@ class LeaseHolder:
     async def _acquire(self) -> None:
         cell = self._identity.cell
         sent_at = self._clock.monotonic()
+        self.vacated_at = self.state.gone_since
         lease_id, ttl = await self._table.store.grant_lease(int(self._settings.duration_seconds))
         record = await self._table.try_acquire(cell, region=self._identity.region,
                                                site=self._identity.site,

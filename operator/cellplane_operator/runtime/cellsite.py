@@ -122,6 +122,9 @@ class CellSiteRunner:
         holder = asyncio.create_task(self._holder.run(stop), name=f"lease-{self.site.name}")
         try:
             while not stop.is_set():
+                # Cleared before the step, not before the pause: a wake-up that comes
+                # while the step runs (an acquisition, say) must cut the next pause short.
+                self._wake.clear()
                 try:
                     await self._step()
                 except Exception:
@@ -233,14 +236,14 @@ class CellSiteRunner:
             await self._ctx.driver.promote_database(self.site)
         database = await self._ctx.driver.ensure_primary_database(self.site)
         self._database = database
-        if self._grant is None:
+        if self._grant is None or self._grant.conninfo != database.conninfo:
             self._grant = CellDatabaseGrant(database.conninfo)
         return database
 
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
         started = self._ctx.clock.monotonic()
         previous = self._group.active if self._group is not None else None
-        gone_since = self.holder.state.gone_since
+        gone_since = self.holder.vacated_at
         was_standby = await self._ctx.driver.database_role(self.site) == "standby"
         # Set first: if the promotion fails, the promoting step tries it again under it.
         self._epoch, self._fenced = epoch, False
@@ -251,12 +254,13 @@ class CellSiteRunner:
                 "planned": self._group is not None and self._group.handover is not None,
                 "since": gone_since if gone_since is not None else started,
                 "promotedIn": self._ctx.clock.monotonic() - started}
-        # The epoch is ours before the grant is written: if this grant fails, the
-        # next renewal writes it, and until then the database refuses the writes
-        # of the processes started under it. Nothing is lost by starting early.
-        self._wake.set()
+        # The processes start after the grant: a worker refused for a stale epoch
+        # stops taking work for good. If the grant fails, the next renewal writes it.
         remaining = remaining_seconds - (self._ctx.clock.monotonic() - started)
-        await self.grant.start_acting(epoch, max(remaining, 0.0))
+        try:
+            await self.grant.start_acting(epoch, max(remaining, 0.0))
+        finally:
+            self._wake.set()
 
     async def renew_grant(self, epoch: int, remaining_seconds: float) -> None:
         if self._handover.in_progress or self._grant is None:
@@ -491,7 +495,6 @@ class CellSiteRunner:
             log.warning("%s: cannot publish the site report: %s", self.site.name, error)
 
     async def _pause(self, stop: asyncio.Event) -> None:
-        self._wake.clear()
         waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
         try:
             await asyncio.wait(waiters, timeout=self._ctx.settings.site_check_seconds,
