@@ -84,6 +84,7 @@ class CellSiteRunner:
         self._takeover: dict[str, Any] | None = None
         """Set by ``start_acting`` when this site took the epoch from another; said once serving."""
         self._serving_epoch: int | None = None
+        self._granted_epoch: int | None = None
         self._warm_epoch: int | None = None
         self._handover = PlannedHandover(ctx, self)
         self._retirement = OldPrimaryRetirement(ctx, self.site)
@@ -199,7 +200,9 @@ class CellSiteRunner:
             return
         health = await self._check()
         epoch = self._epoch
-        if epoch is not None and health.database_up and (
+        # Processes start only once the database holds this epoch's grant: a worker that
+        # the database refuses as stale stops taking work for good.
+        if epoch is not None and self._granted_epoch == epoch and health.database_up and (
                 health.epoch != epoch or self._serving_epoch != epoch):
             # Also when the processes run under this epoch already: an API warmed up on
             # the standby this site was runs without workers until start_serving adds them.
@@ -254,11 +257,11 @@ class CellSiteRunner:
                 "planned": self._group is not None and self._group.handover is not None,
                 "since": gone_since if gone_since is not None else started,
                 "promotedIn": self._ctx.clock.monotonic() - started}
-        # The processes start after the grant: a worker refused for a stale epoch
-        # stops taking work for good. If the grant fails, the next renewal writes it.
+        # If this grant fails, the next renewal writes it, and the processes wait for it.
         remaining = remaining_seconds - (self._ctx.clock.monotonic() - started)
         try:
             await self.grant.start_acting(epoch, max(remaining, 0.0))
+            self._granted_epoch = epoch
         finally:
             self._wake.set()
 
@@ -268,6 +271,9 @@ class CellSiteRunner:
             # or the promotion failed, and the promoting step grants once it succeeds.
             return
         await self._grant.renew_grant(epoch, remaining_seconds)
+        if self._granted_epoch != epoch:
+            self._granted_epoch = epoch
+            self._wake.set()
 
     async def stop_acting(self, epoch: int, reason: str) -> None:
         self._epoch = None
