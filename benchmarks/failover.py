@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from regions import (REGIONS, SERVING, Load, Regions, job_ids, new_prefix, on_sigterm_exit,
-                     percentile, progress, redundant)
+                     percentile, print_client, print_phases, progress, redundant)
 
 CELL = "fo-a1"
 GOAL_P99_SECONDS = 15.0
@@ -257,19 +257,8 @@ def print_tables(runs: list[Run], args: argparse.Namespace, error: BaseException
         ("promotion (log)", [r.promotion for r in runs if r.promotion is not None]),
         ("RTO - floor", [r.rto - r.floor for r in runs]),
     ]
-    print("| where the RTO goes | min | p50 | max |")
-    print("|---|---:|---:|---:|")
-    for name, values in phases:
-        if values:
-            print(f"| {name} | {min(values):.2f} | {percentile(values, 50):.2f} "
-                  f"| {max(values):.2f} |")
-    print()
-    acks = list(load.acks)
-    seconds = acks[-1].at - acks[0].at if len(acks) > 1 else 0.0
-    print(f"- Client: one thread through the router, each key retried every 0.2 s until "
-          f"acknowledged: {len(acks)} jobs acknowledged in {seconds / 60:.1f} min "
-          f"({len(acks) / max(seconds, 1):.1f}/s, outages included); the tenant's token "
-          "bucket is raised to 100/s so that it does not hold the client to the plan's 1/s.")
+    print_phases("where the RTO goes", phases)
+    print_client(load, outages=True)
     print("- Times from the kill (time.monotonic() of this process); owner key and site report "
           "times are when this process's etcd watch (on region-c's member) delivered them. "
           "Floor = owner key gone + margin + promotion.")

@@ -418,3 +418,24 @@ def new_prefix() -> str:
 async def _kube_client(kubeconfig: Path) -> KubeClient:
     return KubeClient(KubeConfig.from_file(kubeconfig))
 
+
+
+def print_phases(heading: str, phases: list[tuple[str, list[float]]]) -> None:
+    """A min / p50 / max table of where the time of each run went."""
+    print(f"| {heading} | min | p50 | max |")
+    print("|---|---:|---:|---:|")
+    for name, values in phases:
+        if values:
+            print(f"| {name} | {min(values):.2f} | {percentile(values, 50):.2f} "
+                  f"| {max(values):.2f} |")
+    print()
+
+
+def print_client(load: Load, *, outages: bool) -> None:
+    acks = list(load.acks)
+    seconds = acks[-1].at - acks[0].at if len(acks) > 1 else 0.0
+    print(f"- Client: one thread through the router, each key retried every 0.2 s until "
+          f"acknowledged: {len(acks)} jobs acknowledged in {seconds / 60:.1f} min "
+          f"({len(acks) / max(seconds, 1):.1f}/s{', outages included' if outages else ''}); "
+          "the tenant's token bucket is raised to 100/s so that it does not hold the client "
+          "to the plan's 1/s.")

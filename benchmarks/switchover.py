@@ -41,7 +41,7 @@ from pathlib import Path
 from cellplane_operator.domain.failover import SWITCHOVER_TO
 from cellplane_operator.kube import CELLS
 from regions import (REGIONS, SERVING, Load, Regions, job_ids, new_prefix, on_sigterm_exit,
-                     percentile, progress, redundant)
+                     percentile, print_client, print_phases, progress, redundant)
 
 CELL = "sw-a1"
 LEASE = {"durationSeconds": 10, "renewIntervalSeconds": 2, "marginSeconds": 2}
@@ -240,19 +240,8 @@ def print_tables(runs: list[Run], error: BaseException | None, load: Load) -> No
         ("acquired -> first write on the new site", [r.first_new - r.acquired for r in runs]),
         ("promotion (log)", [r.promotion for r in runs if r.promotion is not None]),
     ]
-    print("| where the pause goes | min | p50 | max |")
-    print("|---|---:|---:|---:|")
-    for name, values in phases:
-        if values:
-            print(f"| {name} | {min(values):.2f} | {percentile(values, 50):.2f} "
-                  f"| {max(values):.2f} |")
-    print()
-    acks = list(load.acks)
-    seconds = acks[-1].at - acks[0].at if len(acks) > 1 else 0.0
-    print(f"- Client: one thread through the router, each key retried every 0.2 s until "
-          f"acknowledged: {len(acks)} jobs acknowledged in {seconds / 60:.1f} min "
-          f"({len(acks) / max(seconds, 1):.1f}/s); the tenant's token bucket is raised to "
-          "100/s so that it does not hold the client to the plan's 1/s.")
+    print_phases("where the pause goes", phases)
+    print_client(load, outages=False)
     print("- Times from the request (the annotation's patch sent, time.monotonic() of this "
           "process); owner key times are when this process's etcd watch (region-c's member) "
           "delivered them. The pause is the longest gap between consecutive acknowledgements "
