@@ -126,6 +126,15 @@ class Load:
         return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
 
+def _loaded_tenant(plane: RegionPlane, router: str, name: str, cell_name: str,
+                   target: RecordingServer) -> tuple[str, Load]:
+    """A tenant of the cell, in a namespace of its own, and a load of its jobs started
+    through the router; (tenant id, load)."""
+    key = _tenant_in(plane, name, cell_name, target, plane.namespace(f"ns-{name}"))
+    return (key.removeprefix("cpk_").split(".")[0],
+            Load(router, key, f"{name}-{uuid.uuid4().hex[:6]}").start())
+
+
 def _tenant_in(plane: RegionPlane, name: str, cell_name: str, target: RecordingServer,
                ns: str) -> str:
     # The plan's default rate (1 job/s after a burst of 60) would cap the load; raised
@@ -178,11 +187,8 @@ def _job_ids(conninfo: str, tenant_id: str) -> set[str]:
 
 def test_losing_the_active_region_under_load(plane: RegionPlane, router: str,
                                              target: RecordingServer) -> None:
-    ns = plane.namespace("loss")
     before = _cell(plane, "loss-a1")
-    key = _tenant_in(plane, "acme", "loss-a1", target, ns)
-    tenant_id = key.removeprefix("cpk_").split(".")[0]
-    load = Load(router, key, f"loss-{uuid.uuid4().hex[:6]}").start()
+    tenant_id, load = _loaded_tenant(plane, router, "acme", "loss-a1", target)
     try:
         load.wait_for(40)
         killed_at = plane.kill_region("region-a")
@@ -287,11 +293,8 @@ def test_a_standby_too_far_behind_is_not_promoted_unless_forced(
 
 def test_a_planned_switchover_loses_nothing(plane: RegionPlane, router: str,
                                             target: RecordingServer) -> None:
-    ns = plane.namespace("switch")
     before = _cell(plane, "sw-a1")
-    key = _tenant_in(plane, "globex", "sw-a1", target, ns)
-    tenant_id = key.removeprefix("cpk_").split(".")[0]
-    load = Load(router, key, f"sw-{uuid.uuid4().hex[:6]}").start()
+    tenant_id, load = _loaded_tenant(plane, router, "globex", "sw-a1", target)
     try:
         load.wait_for(30)
         moved = subprocess.run(
