@@ -41,6 +41,8 @@ class OldPrimaryRetirement:
         self._ctx = ctx
         self._site = site
         self._store = ReportStore(ctx.kube, ctx.settings.namespace, self.directory)
+        self._recorded: set[int] = set()
+        """Epochs whose report this process put into the Cell's status and an Event."""
 
     @property
     def directory(self) -> Path:
@@ -49,17 +51,25 @@ class OldPrimaryRetirement:
     async def step(self, body: dict[str, Any], active_region: str, epoch: int) -> str:
         """One pass; returns what the site's report should say."""
         site, driver = self._site, self._ctx.driver
-        new = await self._ctx.reports.read(site.cell, active_region)
-        if new is None or new.role != "primary" or new.database is None or not new.serving:
-            return f"replaced by {active_region}; waiting for its primary to serve"
         try:
+            # Fenced at once: that needs nothing of the new primary.
             if await driver.database_role(site) == "primary":
                 await driver.fence_database(site)
                 await self._ctx.event(body, "Warning", "OldPrimaryFenced",
-                                      f"{site.name} lost the cell to {new.site} (epoch {epoch}): "
-                                      "fenced (connections rejected, sessions ended, stopped)")
-            if not self._report_path(epoch).exists():
-                await self._report(body, new, epoch)
+                                      f"{site.name} lost the cell to {active_region} (epoch "
+                                      f"{epoch}): fenced (connections rejected, sessions ended, "
+                                      "stopped)")
+            new = await self._ctx.reports.read(site.cell, active_region)
+            if new is None or new.role != "primary" or new.database is None or not new.serving:
+                return f"fenced; waiting for the primary in {active_region} to serve"
+            # The stored report, not a local file, says it was made: a ConfigMap that could
+            # not be written is made again before the rewind throws the old data away.
+            report = await self._store.get(site.cell, epoch)
+            if report is None:
+                report = await self._report(new, epoch)
+            if epoch not in self._recorded:
+                await self._record(body, report, self._store.configmap_name(site.cell, epoch))
+                self._recorded.add(epoch)
             await driver.rebuild_as_standby(site, new.database)
         except CellplaneError as error:
             log.error("%s: retiring the old primary: %s", site.name, error)
@@ -68,10 +78,7 @@ class OldPrimaryRetirement:
                               f"{site.name} is a standby of {new.site} again")
         return ""
 
-    def _report_path(self, epoch: int) -> Path:
-        return self.directory / f"{self._site.cell}-epoch-{epoch}.json"
-
-    async def _report(self, body: dict[str, Any], new: SiteReport, epoch: int) -> None:
+    async def _report(self, new: SiteReport, epoch: int) -> ReconciliationReport:
         site, driver = self._site, self._ctx.driver
         assert new.database is not None
         old = await driver.open_fenced_for_reading(site)
@@ -82,9 +89,8 @@ class OldPrimaryRetirement:
         finally:
             await driver.close_fenced_reading(site)
         name, path = await self._store.save(report)
-        summary = report.summary()
-        log.info("%s: reconciliation report %s (%s): %s", site.name, name, path, summary)
-        await self._record(body, report, name)
+        log.info("%s: reconciliation report %s (%s): %s", site.name, name, path, report.summary())
+        return report
 
     async def _record(self, body: dict[str, Any], report: ReconciliationReport, name: str) -> None:
         summary = report.summary()
@@ -96,13 +102,10 @@ class OldPrimaryRetirement:
             "lossWindowSeconds": summary["lossWindowSeconds"],
             "createdAt": report.created_at.astimezone(datetime.timezone.utc).strftime(
                 "%Y-%m-%dT%H:%M:%SZ")}
-        try:
-            await self._ctx.kube.patch(CELLS, self._site.cell,
-                                       {"status": {"lastReconciliation": status}},
-                                       subresource="status")
-        except CellplaneError as error:
-            log.warning("%s: could not record the report in the cell's status: %s",
-                        self._site.name, error)
+        # A failure here ends the pass before the rebuild; the next pass records it again.
+        await self._ctx.kube.patch(CELLS, self._site.cell,
+                                   {"status": {"lastReconciliation": status}},
+                                   subresource="status")
         lost = summary["jobs"] + summary["jobUpdates"] + summary["ledgerEntries"] \
             + summary["outboxEvents"]
         if lost:
