@@ -1,0 +1,82 @@
+"""Tenant moves: admission with a reason for every refusal, phases, the cutover budget."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cellplane_operator.domain.cells import CellName, Region, Tier
+from cellplane_operator.domain.moves import (
+    Admitted,
+    MovePhase,
+    MoveRequest,
+    Refused,
+    RefusalReason,
+    admit_move,
+    may_abort,
+    next_phase,
+    ready_to_cut_over,
+)
+from cellplane_operator.domain.placement import CellCandidate
+
+TARGET = CellCandidate(name=CellName("shared-b1"), region=Region("region-b"), tier=Tier.SHARED,
+                       ready=True, phase="Ready", draining=False, has_standby=True,
+                       tenant_capacity=10, worker_slots=40, tenants_placed=3, slots_in_use=15)
+REQUEST = MoveRequest(tenant="acme", isolation=Tier.SHARED, source_cell="shared-a1",
+                      max_running=5, target=TARGET, target_name="shared-b1")
+
+
+def test_a_move_to_a_ready_cell_with_room_is_admitted() -> None:
+    assert admit_move(REQUEST) == Admitted("shared-b1")
+
+
+@pytest.mark.parametrize(("request_", "reason", "said"), [
+    (replace(REQUEST, target_name="shared-a1"), RefusalReason.SAME_CELL, "in shared-a1 already"),
+    (replace(REQUEST, target=None, target_name="nowhere"), RefusalReason.NO_SUCH_CELL,
+     "no cell nowhere"),
+    (replace(REQUEST, target=replace(TARGET, tier=Tier.DEDICATED)), RefusalReason.WRONG_TIER,
+     "needs a shared cell"),
+    (replace(REQUEST, target=replace(TARGET, ready=False, phase="Provisioning")),
+     RefusalReason.NOT_READY, "Provisioning"),
+    (replace(REQUEST, target=replace(TARGET, draining=True)), RefusalReason.NOT_READY,
+     "draining"),
+    (replace(REQUEST, max_running=30), RefusalReason.NO_CAPACITY, "25 free worker slots for 30"),
+    (replace(REQUEST, target=replace(TARGET, tenants_placed=10)), RefusalReason.NO_CAPACITY,
+     "10/10 tenants"),
+    (replace(REQUEST, other_moves=("acme-to-b",)), RefusalReason.ALREADY_MOVING, "acme-to-b"),
+    (replace(REQUEST, tenant_deleting=True), RefusalReason.TENANT_DELETING, "being deleted"),
+    (replace(REQUEST, source_cell=None), RefusalReason.NOT_PLACED, "not placed"),
+])
+def test_every_refusal_has_its_reason_and_says_why(request_: MoveRequest, reason: RefusalReason,
+                                                   said: str) -> None:
+    outcome = admit_move(request_)
+    assert isinstance(outcome, Refused)
+    assert outcome.reason is reason and said in outcome.message
+
+
+def test_phases_run_forward_and_abort_only_before_the_cutover() -> None:
+    phase = MovePhase.PENDING
+    seen = [phase]
+    while phase is not MovePhase.COMPLETED:
+        phase = next_phase(phase)
+        seen.append(phase)
+    assert seen == [MovePhase.PENDING, MovePhase.COPYING, MovePhase.CATCHING_UP,
+                    MovePhase.CUTTING_OVER, MovePhase.VERIFYING, MovePhase.COMPLETED]
+    assert next_phase(MovePhase.COPYING, aborted=True) is MovePhase.ABORTED
+    assert next_phase(MovePhase.CATCHING_UP, failed=True) is MovePhase.FAILED
+    # After the cutover the target may hold writes the source never saw: forward only.
+    assert next_phase(MovePhase.CUTTING_OVER, aborted=True) is MovePhase.VERIFYING
+    assert next_phase(MovePhase.VERIFYING, failed=True) is MovePhase.COMPLETED
+    assert [may_abort(p) for p in (MovePhase.CATCHING_UP, MovePhase.CUTTING_OVER)] == [True, False]
+    assert next_phase(MovePhase.ABORTED) is MovePhase.ABORTED
+
+
+def test_the_cutover_waits_for_a_delta_that_fits_half_the_pause_budget() -> None:
+    fits = dict(rows_per_second=10_000.0, max_pause_seconds=2.0, fixed_pause_seconds=0.3)
+    assert ready_to_cut_over(delta_rows=5_000, **fits)       # 0.3 + 0.5 <= 1.0
+    assert not ready_to_cut_over(delta_rows=8_000, **fits)   # 0.3 + 0.8 > 1.0
+    assert not ready_to_cut_over(delta_rows=1, rows_per_second=0.0, max_pause_seconds=2.0,
+                                 fixed_pause_seconds=0.3)
+    assert ready_to_cut_over(delta_rows=0, rows_per_second=0.0, max_pause_seconds=2.0,
+                             fixed_pause_seconds=0.3)
