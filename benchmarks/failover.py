@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from regions import (REGIONS, SERVING, Load, Regions, job_ids, new_prefix, on_sigterm_exit,
+from regions import (REGIONS, SERVING, Load, Regions, job_ids, on_sigterm_exit,
                      percentile, print_client, print_phases, progress, redundant)
 
 CELL = "fo-a1"
@@ -93,15 +93,8 @@ def main() -> int:
     runs: list[Run] = []
     error: BaseException | None = None
     try:
-        regions.start()
-        progress(f"cell {CELL}: region-a with a standby in region-b, lease {lease}")
-        regions.make_cell(CELL, lease)
-        tenant_id, key = regions.make_tenant("acme", CELL)
-        regions.watch(f"/cellplane/groups/{CELL}/")
-        regions.watch(f"/cellplane/cells/{CELL}/sites/")
-        load = Load(regions.router_url, key, new_prefix()).start()
-        load.wait_for(60)
-        progress("load running; first run")
+        tenant_id, load = regions.start_scene(
+            CELL, lease, "acme", (f"/cellplane/groups/{CELL}/", f"/cellplane/cells/{CELL}/sites/"))
         lost_so_far: set[str] = set()
         for number in range(1, args.runs + 1):
             try:

@@ -306,6 +306,21 @@ class Regions:
                                  and redundant(s, "region-b"), timeout=300,
                                  what=f"cell {name} Ready with a streaming standby")
 
+    def start_scene(self, cell: str, lease: Mapping[str, float], tenant: str,
+                    watched: tuple[str, ...]) -> tuple[str, Load]:
+        """The plane, a cell with a standby, a tenant in it and its load running (60 jobs
+        acknowledged); the etcd prefixes in ``watched`` watched. (tenant id, load)."""
+        self.start()
+        progress(f"cell {cell}: region-a with a standby in region-b, lease {dict(lease)}")
+        self.make_cell(cell, lease)
+        tenant_id, key = self.make_tenant(tenant, cell)
+        for prefix in watched:
+            self.watch(prefix)
+        load = Load(self.router_url, key, new_prefix()).start()
+        load.wait_for(60)
+        progress("load running; first run")
+        return tenant_id, load
+
     def make_tenant(self, name: str, cell: str) -> tuple[str, str]:
         """An enterprise tenant pinned to ``cell``; (tenant id, API key).
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from cellplane_operator.domain.failover import SWITCHOVER_TO
 from cellplane_operator.kube import CELLS
-from regions import (REGIONS, SERVING, Load, Regions, job_ids, new_prefix, on_sigterm_exit,
+from regions import (REGIONS, SERVING, Load, Regions, job_ids, on_sigterm_exit,
                      percentile, print_client, print_phases, progress, redundant)
 
 CELL = "sw-a1"
@@ -90,14 +90,7 @@ def main() -> int:
     runs: list[Run] = []
     error: BaseException | None = None
     try:
-        regions.start()
-        progress(f"cell {CELL}: region-a with a standby in region-b, lease {LEASE}")
-        regions.make_cell(CELL, LEASE)
-        tenant_id, key = regions.make_tenant("globex", CELL)
-        regions.watch(f"/cellplane/groups/{CELL}/")
-        load = Load(regions.router_url, key, new_prefix()).start()
-        load.wait_for(60)
-        progress("load running; first run")
+        tenant_id, load = regions.start_scene(CELL, LEASE, "globex", (f"/cellplane/groups/{CELL}/",))
         for number in range(1, args.runs + 1):
             try:
                 run = one_run(regions, load, number, tenant_id)

@@ -150,26 +150,13 @@ class LostJobUpdate:
     """When the job finished on the old primary, if it did."""
 
 
-@dataclass(frozen=True)
-class LostLedgerEntry:
-    tenant_id: str
-    job_id: UUID
-    kind: str
-    amount: int
-    """Micro-credits."""
-    created_at: datetime.datetime
+LostLedgerEntry = LedgerRow
+"""A ledger entry the new primary lacks: the old primary's row as it was."""
 
-
-@dataclass(frozen=True)
-class LostOutboxEvent:
-    tenant_id: str
-    event_id: UUID
-    job_id: UUID | None
-    kind: str
-    created_at: datetime.datetime
-    delivered: bool = False
-    """A webhook endpoint of the tenant acknowledged it: the tenant heard of something the
-    new primary knows nothing about."""
+LostOutboxEvent = OutboxRow
+"""An outbox event the new primary lacks: the old primary's row as it was (``delivered``:
+a webhook endpoint of the tenant acknowledged it, so the tenant heard of something the new
+primary knows nothing about)."""
 
 
 @dataclass(frozen=True)
@@ -359,11 +346,8 @@ def reconcile(old: SiteSnapshot, new: SiteSnapshot, *, cell: str, epoch: int, ol
         elif _moved_on_only_on_old(row, on_new):
             updates.append(LostJobUpdate(row.tenant_id, row.job_id, row.status, on_new.status,
                                          key, row.finished_at))
-    entries = [LostLedgerEntry(row.tenant_id, row.job_id, row.kind, row.amount, row.created_at)
-               for key, row in old.ledger.items() if key not in new.ledger]
-    events = [LostOutboxEvent(row.tenant_id, row.event_id, row.job_id, row.kind, row.created_at,
-                              row.delivered)
-              for event_id, row in old.outbox.items() if event_id not in new.outbox]
+    entries = [row for key, row in old.ledger.items() if key not in new.ledger]
+    events = [row for event_id, row in old.outbox.items() if event_id not in new.outbox]
     moments = [*(j.created_at for j in jobs), *(u.finished_at for u in updates if u.finished_at),
                *(e.created_at for e in entries), *(e.created_at for e in events)]
     return ReconciliationReport(
