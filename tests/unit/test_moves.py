@@ -11,12 +11,16 @@ from cellplane_operator.domain.moves import (
     Admitted,
     MovePhase,
     MoveRequest,
+    RecordView,
     Refused,
     RefusalReason,
+    Resume,
     admit_move,
+    differing_tables,
     may_abort,
     next_phase,
     ready_to_cut_over,
+    resume,
 )
 from cellplane_operator.domain.placement import CellCandidate
 
@@ -80,3 +84,34 @@ def test_the_cutover_waits_for_a_delta_that_fits_half_the_pause_budget() -> None
                                  fixed_pause_seconds=0.3)
     assert ready_to_cut_over(delta_rows=0, rows_per_second=0.0, max_pause_seconds=2.0,
                              fixed_pause_seconds=0.3)
+
+
+def test_verification_names_every_table_that_differs() -> None:
+    source = {"jobs": {"rows": 3, "checksum": "a"}, "ledger": {"rows": 2, "checksum": "b"},
+              "wallet": {"rows": 1, "checksum": "c"}, "outbox": {"rows": 0, "checksum": "0"}}
+    assert differing_tables(source, dict(source)) == ()
+    target = {"jobs": {"rows": 2, "checksum": "a"}, "ledger": {"rows": 2, "checksum": "x"},
+              "wallet": {"rows": 1, "checksum": "c"}}
+    assert differing_tables(source, target) == (
+        "jobs: 3 rows in the source, 2 in the target",
+        "ledger: same 2 rows, different contents",
+        "outbox: only the source has it",
+    )
+
+
+@pytest.mark.parametrize(("phase", "record", "expected"), [
+    (MovePhase.COPYING, RecordView("a", 3, False), Resume.CONTINUE),
+    (MovePhase.CATCHING_UP, RecordView("a", 3, False), Resume.CONTINUE),
+    # A leader died between the hold and the commit: the source is unfrozen again.
+    (MovePhase.CATCHING_UP, RecordView("a", 3, True), Resume.UNDO_CUTOVER),
+    (MovePhase.CUTTING_OVER, RecordView("a", 3, False), Resume.UNDO_CUTOVER),
+    (MovePhase.VERIFYING, RecordView("a", 3, True), Resume.UNDO_CUTOVER),
+    # The commit landed, whatever the status says: only forward from here.
+    (MovePhase.VERIFYING, RecordView("b", 4, True), Resume.ROLL_FORWARD),
+    (MovePhase.CUTTING_OVER, RecordView("b", 4, False), Resume.ROLL_FORWARD),
+    (MovePhase.COPYING, RecordView("c", 4, False), Resume.LOST),
+    (MovePhase.COPYING, None, Resume.LOST),
+])
+def test_a_new_leader_resumes_from_the_placement_record(
+        phase: MovePhase, record: RecordView | None, expected: Resume) -> None:
+    assert resume(phase, record, source="a", target="b") is expected

@@ -9,6 +9,7 @@ whatever the old cell still sends. Everything here is pure; the controller
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -16,7 +17,8 @@ from cellplane_operator.domain.cells import Tier
 from cellplane_operator.domain.placement import CellCandidate
 
 __all__ = ["MovePhase", "RefusalReason", "MoveRequest", "Admitted", "Refused", "admit_move",
-           "next_phase", "may_abort", "ready_to_cut_over", "TERMINAL_PHASES"]
+           "next_phase", "may_abort", "ready_to_cut_over", "TERMINAL_PHASES",
+           "MOVING_PHASES", "differing_tables", "Resume", "RecordView", "resume"]
 
 
 class MovePhase(StrEnum):
@@ -39,6 +41,9 @@ _FORWARD = {
     MovePhase.VERIFYING: MovePhase.COMPLETED,
 }
 _BEFORE_CUTOVER = frozenset({MovePhase.PENDING, MovePhase.COPYING, MovePhase.CATCHING_UP})
+MOVING_PHASES = frozenset({MovePhase.COPYING, MovePhase.CATCHING_UP, MovePhase.CUTTING_OVER,
+                           MovePhase.VERIFYING})
+"""A move in one of these has started and not ended: its tenant is moving."""
 
 
 class RefusalReason(StrEnum):
@@ -145,3 +150,69 @@ def ready_to_cut_over(*, delta_rows: int, rows_per_second: float, max_pause_seco
     if rows_per_second <= 0:
         return delta_rows == 0 and fixed_pause_seconds <= max_pause_seconds / 2
     return fixed_pause_seconds + delta_rows / rows_per_second <= max_pause_seconds / 2
+
+
+# -- verification ---------------------------------------------------------------
+
+def differing_tables(source: Mapping[str, Mapping[str, object]],
+                     target: Mapping[str, Mapping[str, object]]) -> tuple[str, ...]:
+    """The tables whose row count or checksum differ between the two cells, each
+    described for a person ("jobs: 1200 rows in the source, 1199 in the target").
+
+    A table one side does not report at all differs too: a verification that
+    compares fewer tables than the source has would let a missing table pass.
+    """
+    differing: list[str] = []
+    for table in sorted(set(source) | set(target)):
+        ours, theirs = source.get(table), target.get(table)
+        if ours is None or theirs is None:
+            differing.append(f"{table}: only the {'target' if ours is None else 'source'} has it")
+        elif ours.get("rows") != theirs.get("rows"):
+            differing.append(f"{table}: {ours.get('rows')} rows in the source, "
+                             f"{theirs.get('rows')} in the target")
+        elif ours.get("checksum") != theirs.get("checksum"):
+            differing.append(f"{table}: same {ours.get('rows')} rows, different contents")
+    return tuple(differing)
+
+
+# -- resuming after a restart ----------------------------------------------------
+
+class Resume(StrEnum):
+    CONTINUE = "Continue"
+    """Carry on with the recorded phase: nothing of a cutover is under way."""
+    UNDO_CUTOVER = "UndoCutover"
+    """A cutover began and was not committed: unfreeze the source, release the
+    router's hold and catch up again. Safe because the target never served."""
+    ROLL_FORWARD = "RollForward"
+    """The placement record already names the target: the move is committed;
+    finish it (start the tenant in the target, release the hold)."""
+    LOST = "Lost"
+    """The tenant's record is gone or names a third cell: nothing to do but fail."""
+
+
+@dataclass(frozen=True)
+class RecordView:
+    cell: str
+    epoch: int
+    moving: bool
+
+
+def resume(phase: MovePhase, record: RecordView | None, *, source: str, target: str) -> Resume:
+    """What a (new) placement leader does with a move it finds half-way.
+
+    The placement record in etcd is the commit point of a move: the compare-and-
+    swap that names the target under epoch N+1. Before it, every step is undone
+    by unfreezing the source; after it, every step is finished forward. The
+    phase in the TenantMove's status only says how far the last leader got; the
+    record says what is true.
+    """
+    if record is None:
+        return Resume.LOST
+    if record.cell == target:
+        # Only the commit's compare-and-swap ever names the target.
+        return Resume.ROLL_FORWARD
+    if record.cell != source:
+        return Resume.LOST
+    if record.moving or phase in (MovePhase.CUTTING_OVER, MovePhase.VERIFYING):
+        return Resume.UNDO_CUTOVER
+    return Resume.CONTINUE
