@@ -1,4 +1,5 @@
-"""The edge router in front of a real cell: routing by the key's tenant, holding, 503.
+"""The edge router in front of a real cell: routing by the key's tenant, holding, 503;
+a moving tenant held through its cutover and released to its new cell.
 
 Real apiserver, etcd, an operator that placed a tenant in a cell it runs, and
 the router as its own process (`cellplane router`).
@@ -20,10 +21,14 @@ from cellplane_operator.placement.records import PlacementRecord, PlacementRecor
 from cellplane_operator.sites.base import SiteEndpoints
 from cellplane_operator.sites.reports import SiteReport, SiteReports
 from cellplane_operator.store import EtcdStore
-from httpservers import RecordingServer
+from fastapi.responses import JSONResponse
+from starlette.responses import Response
+
+from httpservers import Call, RecordingServer
 from regionplane import RegionPlane, etcd, ready, ready_cell, secret_data, tenant
 
 HOLD_SECONDS = 1.5
+MOVE_HOLD_SECONDS = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +44,17 @@ def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
 @pytest.fixture(scope="module")
 def router(plane: RegionPlane) -> Iterator[str]:
     process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=HOLD_SECONDS)
+    try:
+        yield url
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def patient_router(plane: RegionPlane) -> Iterator[str]:
+    """A router that holds long enough for a test to walk a cutover step by step."""
+    process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=MOVE_HOLD_SECONDS,
+                                      name="patient-router")
     try:
         yield url
     finally:
@@ -138,3 +154,82 @@ def test_a_held_request_goes_through_as_soon_as_the_cell_has_an_owner_again(
     # The cell itself answered (it knows no such key): the held request was forwarded.
     assert answer.status_code == 401
     assert answer.json()["error"]["message"] == "unknown API key"
+
+
+async def frozen(call: Call) -> Response:
+    """A move's source cell that froze the tenant for its cutover."""
+    return JSONResponse({"error": {"code": "tenant_moving", "message": "frozen for a move"}},
+                        status_code=503)
+
+
+def test_a_moving_tenant_is_held_through_the_cutover_then_sent_to_its_new_cell(
+        plane: RegionPlane, patient_router: str) -> None:
+    target = ready_cell(plane, "route-a1")
+    key = TenantKey("moving", "tenant")
+    source = RecordingServer(respond=frozen).start()
+    try:
+        # The source cell, standing in: owned, serving, and refusing the frozen tenant.
+        report = SiteReport(role="primary", site="frozen-cell@region-a", serving=True, epoch=1,
+                            endpoints=SiteEndpoints(api=source.url, admin=source.url))
+        record = PlacementRecord(cell="frozen-cell", epoch=1, tenant_id="moving-tenant", uid="u",
+                                 max_running=1)
+
+        async def place(store: EtcdStore) -> None:
+            await store.put("/cellplane/groups/frozen-cell/owner", json.dumps(
+                {"region": "region-a", "site": "frozen-cell@region-a", "epoch": 1,
+                 "lease_id": 1}).encode())
+            await SiteReports(store).publish("frozen-cell", "region-a", report)
+            assert await PlacementRecords(store).create(key, record, guard=[])
+
+        async def mark(store: EtcdStore, updated: PlacementRecord) -> None:
+            records = PlacementRecords(store)
+            stored = await records.read(key)
+            assert stored is not None
+            assert await records.replace(key, updated, mod_revision=stored.mod_revision, guard=[])
+
+        etcd(plane, place)
+        answers: list[httpx.Response] = []
+        request = threading.Thread(target=lambda: answers.append(httpx.get(
+            f"{patient_router}/v1/jobs", headers={"Authorization": "Bearer cpk_moving-tenant.s"},
+            timeout=MOVE_HOLD_SECONDS + 10)))
+        request.start()
+        # The source refuses before the router saw the record say "moving": the router
+        # does not pass the refusal on, it waits for the tenant's route to change.
+        wait_for(lambda: len(source.snapshot()) == 1, timeout=10,
+                 what="the request to reach the frozen source")
+        etcd(plane, lambda store: mark(store, PlacementRecord(
+            cell="frozen-cell", epoch=1, tenant_id="moving-tenant", uid="u", max_running=1,
+            moving=True)))
+        log = plane.kube.run_dir / "logs" / "patient-router.log"
+        wait_for(lambda: "holding a request of tenant moving-tenant" in log.read_text(),
+                 timeout=10, what="the router to hold the moving tenant's request")
+        assert "being moved to another cell" in log.read_text()
+        assert not answers
+        # The cutover ends: the record names the target under epoch + 1.
+        etcd(plane, lambda store: mark(store, PlacementRecord(
+            cell="route-a1", epoch=2, tenant_id="moving-tenant", uid="u", max_running=1)))
+        request.join(timeout=MOVE_HOLD_SECONDS + 10)
+        [answer] = answers
+        # The target cell answered (it knows no such key): the held request went there,
+        # and the source was asked once only.
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["error"]["message"] == "unknown API key"
+        assert len(source.snapshot()) == 1
+        assert target["endpoints"]["api"]
+    finally:
+        source.stop()
+
+
+def test_a_tenant_still_moving_when_the_hold_ends_is_told_to_retry(
+        plane: RegionPlane, router: str) -> None:
+    record = PlacementRecord(cell="route-a1", epoch=1, tenant_id="stuck-tenant", uid="u",
+                             max_running=1, moving=True)
+    etcd(plane, lambda store: PlacementRecords(store).create(
+        TenantKey("stuck", "tenant"), record, guard=[]))
+    started = time.monotonic()
+    answer = httpx.get(f"{router}/v1/jobs", headers={"Authorization": "Bearer cpk_stuck-tenant.s"},
+                       timeout=10)
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "2"
+    assert "being moved to another cell" in answer.json()["error"]["message"]
+    assert time.monotonic() - started >= HOLD_SECONDS

@@ -1,19 +1,21 @@
-"""The edge router's placement map: newest revision wins, deletions included."""
+"""The edge router's placement map: newest revision wins, deletions included; a moving
+tenant is held; the placement record's encoding."""
 
 from __future__ import annotations
 
 import json
 
 from cellplane_operator.domain.routing import NoRoute, PlacementMap, Route, tenant_of_key
+from cellplane_operator.placement.records import PlacementRecord
 
 TENANT_KEY = "/cellplane/tenants/team-a/acme"
 OWNER_KEY = "/cellplane/groups/shared-a1/owner"
 SITE_KEY = "/cellplane/cells/shared-a1/sites/region-a"
 
 
-def record(cell: str = "shared-a1", epoch: int = 1) -> bytes:
-    return json.dumps({"cell": cell, "epoch": epoch, "tenantId": "team--a-acme", "uid": "u",
-                       "maxRunning": 5}).encode()
+def record(cell: str = "shared-a1", epoch: int = 1, *, moving: bool = False) -> bytes:
+    return PlacementRecord(cell=cell, epoch=epoch, tenant_id="team--a-acme", uid="u",
+                           max_running=5, moving=moving).encode()
 
 
 def owner(region: str = "region-a", epoch: int = 3) -> bytes:
@@ -76,3 +78,52 @@ def test_keys_the_router_does_not_route_by_are_ignored() -> None:
     placement = PlacementMap()
     assert not placement.apply("/cellplane/groups/shared-a1/epoch", b"3", 5)
     assert not placement.apply("/cellplane/elections/placement/owner", owner(), 6)
+
+
+def test_a_moving_tenant_is_held_until_its_record_names_the_target() -> None:
+    placement = full_map()
+    placement.apply("/cellplane/groups/dedicated-b1/owner", owner("region-b", 1), 13)
+    placement.apply("/cellplane/cells/dedicated-b1/sites/region-b",
+                    site("http://127.0.0.1:9201"), 14)
+    # The cutover begins: the source stops for the tenant and its record says so.
+    assert placement.apply(TENANT_KEY, record(moving=True), 20)
+    held = placement.resolve("team--a-acme")
+    assert held == NoRoute("Moving", "tenant team--a-acme is being moved to another cell; "
+                                     "held until the cutover ends")
+    assert isinstance(held, NoRoute) and held.transient
+    # Its source cell still serves other tenants: only this tenant is held.
+    assert placement.apply("/cellplane/tenants/team-a/other", json.dumps(
+        {"cell": "shared-a1", "epoch": 1, "tenantId": "team--a-other", "uid": "v",
+         "maxRunning": 1}).encode(), 21)
+    assert isinstance(placement.resolve("team--a-other"), Route)
+    # The cutover ends: the record names the target under epoch + 1, no longer moving.
+    assert placement.apply(TENANT_KEY, record("dedicated-b1", 2), 22)
+    assert placement.resolve("team--a-acme") == Route(
+        "team--a-acme", "dedicated-b1", 2, 1, "region-b", "http://127.0.0.1:9201")
+    # A late copy of the moving record changes nothing.
+    assert not placement.apply(TENANT_KEY, record(moving=True), 20)
+    assert isinstance(placement.resolve("team--a-acme"), Route)
+
+
+def test_a_record_without_the_moving_flag_is_not_moving() -> None:
+    placement = full_map()
+    placement.apply(TENANT_KEY, json.dumps({"cell": "shared-a1", "epoch": 1,
+                                            "tenantId": "team--a-acme", "uid": "u",
+                                            "maxRunning": 5, "moving": False}).encode(), 20)
+    assert isinstance(placement.resolve("team--a-acme"), Route)
+
+
+def test_placement_records_round_trip_and_a_record_not_moving_encodes_as_before() -> None:
+    still = PlacementRecord(cell="shared-a1", epoch=3, tenant_id="team--a-acme", uid="u-1",
+                            max_running=5)
+    moving = PlacementRecord(cell="shared-a1", epoch=3, tenant_id="team--a-acme", uid="u-1",
+                             max_running=5, moving=True)
+    for each in (still, moving):
+        assert PlacementRecord.decode(each.encode()) == each
+    # Byte for byte what records written before the flag existed hold: ``delete``
+    # compares the stored value with the encoding.
+    assert still.encode() == (b'{"cell": "shared-a1", "epoch": 3, "maxRunning": 5, '
+                              b'"tenantId": "team--a-acme", "uid": "u-1"}')
+    assert "moving" not in json.loads(still.encode())
+    assert json.loads(moving.encode())["moving"] is True
+    assert PlacementRecord.decode(still.encode()).moving is False

@@ -4,12 +4,17 @@ The map is a copy of three kinds of etcd keys, each applied only if it is newer
 (by etcd revision) than what the map holds, so a watch event and the initial
 read can arrive in any order:
 
-    /cellplane/tenants/<ns>/<name>          tenant -> cell, tenant epoch, tenant id
+    /cellplane/tenants/<ns>/<name>          tenant -> cell, tenant epoch, tenant id, moving
     /cellplane/groups/<cell>/owner          cell -> owning region and site, group epoch
     /cellplane/cells/<cell>/sites/<region>  a site's endpoints and whether it serves
 
 A tenant's API key names the tenant (``cpk_<tenant id>.<secret>``), so the
 router needs no key table: it routes by the id and the cell checks the key.
+
+A tenant whose record says ``moving`` is being cut over to another cell: its
+source no longer serves it and its target not yet, so it has no route until the
+record names the target and the flag is gone. Like a cell without an owner,
+that is a wait, not a refusal.
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ class Route:
 
 @dataclass(frozen=True)
 class NoRoute:
-    reason: Literal["UnknownTenant", "NoOwner", "SiteNotServing"]
-    """UnknownTenant: answer 401/404 at once; the others are a takeover in progress: hold."""
+    reason: Literal["UnknownTenant", "NoOwner", "SiteNotServing", "Moving"]
+    """UnknownTenant: answer 401/404 at once; the others are a takeover or a move's cutover
+    in progress: hold."""
     message: str
 
     @property
@@ -55,8 +61,8 @@ class NoRoute:
 
 @dataclass
 class PlacementMap:
-    _tenants: dict[str, tuple[int, str, int]] = field(default_factory=dict)
-    """tenant id -> (revision, cell, tenant epoch)"""
+    _tenants: dict[str, tuple[int, str, int, bool]] = field(default_factory=dict)
+    """tenant id -> (revision, cell, tenant epoch, moving)"""
     _tenant_ids: dict[str, str] = field(default_factory=dict)
     """record key -> tenant id, to forget a tenant when its record is deleted"""
     _owners: dict[str, tuple[int, str, int] | None] = field(default_factory=dict)
@@ -94,7 +100,8 @@ class PlacementMap:
         body = json.loads(value)
         tenant_id = str(body["tenantId"])
         self._tenant_ids[key] = tenant_id
-        self._tenants[tenant_id] = (revision, str(body["cell"]), int(body["epoch"]))
+        self._tenants[tenant_id] = (revision, str(body["cell"]), int(body["epoch"]),
+                                    bool(body.get("moving", False)))
         return True
 
     def _apply_owner(self, cell: str, value: bytes | None, revision: int) -> bool:
@@ -118,7 +125,10 @@ class PlacementMap:
         placed = self._tenants.get(tenant_id)
         if placed is None:
             return NoRoute("UnknownTenant", f"no tenant {tenant_id} is placed in any cell")
-        _, cell, tenant_epoch = placed
+        _, cell, tenant_epoch, moving = placed
+        if moving:
+            return NoRoute("Moving", f"tenant {tenant_id} is being moved to another cell; "
+                           "held until the cutover ends")
         owner = self._owners.get(cell)
         if owner is None:
             return NoRoute("NoOwner", f"cell {cell} has no owner right now (a takeover is under way)")

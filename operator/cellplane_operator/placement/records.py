@@ -1,6 +1,11 @@
 """Placement records: tenant -> (cell, epoch), one etcd key per tenant.
 
-    /cellplane/tenants/<namespace>/<name>  {"cell", "epoch", "tenantId", "uid", "maxRunning"}
+    /cellplane/tenants/<namespace>/<name>  {"cell", "epoch", "tenantId", "uid", "maxRunning"
+                                            [, "moving": true]}
+
+``moving`` is written only while it is true, so a record that is not being
+moved encodes exactly as before the flag existed (``delete`` compares the
+encoded value, so the encoding of a record must never drift).
 
 Every write is a transaction that also compares the placement election's
 owner key with the writer's own record (``guard``): a leader that lost the
@@ -42,19 +47,23 @@ class PlacementRecord:
     """The Tenant object's uid: a Tenant deleted and created again is a new tenant."""
     max_running: int
     """Worker slots the tenant may take in its cell, for the cell's load."""
+    moving: bool = False
+    """A move is cutting the tenant over: the router holds its requests."""
 
     def encode(self) -> bytes:
         body = asdict(self)
-        return json.dumps({"cell": body["cell"], "epoch": body["epoch"],
-                           "tenantId": body["tenant_id"], "uid": body["uid"],
-                           "maxRunning": body["max_running"]}, sort_keys=True).encode()
+        document = {"cell": body["cell"], "epoch": body["epoch"], "tenantId": body["tenant_id"],
+                    "uid": body["uid"], "maxRunning": body["max_running"]}
+        if self.moving:
+            document["moving"] = True
+        return json.dumps(document, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> PlacementRecord:
         body = json.loads(raw)
         return cls(cell=str(body["cell"]), epoch=int(body["epoch"]),
                    tenant_id=str(body["tenantId"]), uid=str(body["uid"]),
-                   max_running=int(body["maxRunning"]))
+                   max_running=int(body["maxRunning"]), moving=bool(body.get("moving", False)))
 
 
 class Stored(NamedTuple):

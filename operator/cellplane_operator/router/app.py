@@ -2,10 +2,16 @@
 
 A request is routed by the tenant id its API key names. While the tenant's
 cell has no owner or its active site does not serve yet (a takeover or a
-start in progress), the request is held until the map changes, up to
+start in progress), or the tenant's placement record says it is moving (a
+move's cutover), the request is held until the map changes, up to
 ``hold_seconds``, then answered 503 with ``Retry-After``: never dropped
 silently. A site that answers that it no longer owns the cell (``not_owner``,
-``stale_epoch``, ``lease_expired``) is asked again once, after the map moved.
+``stale_epoch``, ``lease_expired``, ``database_unavailable``) or no longer
+serves the tenant (``tenant_moving``: frozen for a cutover; ``tenant_moved``:
+moved out) is asked again once, after the map routes the tenant elsewhere (or
+holds it), within the same ``hold_seconds``. The source cell may refuse a
+frozen tenant before the router has seen the record's ``moving`` flag: the
+wait covers that gap.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ log = logging.getLogger("cellplane.router")
 
 # database_unavailable too: a switchover shuts the old primary's database down.
 _NOT_OWNER_CODES = {"not_owner", "stale_epoch", "lease_expired", "database_unavailable"}
+# A move's source cell refuses a tenant it froze for the cutover, or moved out.
+_NOT_SERVING_TENANT_CODES = {"tenant_moving", "tenant_moved"}
+_ASK_AGAIN_CODES = _NOT_OWNER_CODES | _NOT_SERVING_TENANT_CODES
 # Hop-by-hop headers, and the ones httpx has already acted on (it decoded the body).
 _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding",
                 "content-encoding"}
@@ -35,7 +44,8 @@ _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-
 @dataclass(frozen=True)
 class RouterSettings:
     hold_seconds: float = 15.0
-    """How long a request waits for a cell without an owner before it is answered 503."""
+    """How long a request waits for a cell without an owner, or for a moving tenant's
+    cutover, before it is answered 503."""
     retry_after_seconds: int = 2
     """What a 503 asks the client to wait."""
     upstream_timeout_seconds: float = 30.0
@@ -65,6 +75,18 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
                 announced = True
             await watcher.changed(version, remaining)
 
+    async def route_changed(tenant_id: str, used: Route, deadline: float) -> None:
+        """Waits until the map no longer routes the tenant as ``used``, or the deadline.
+
+        Only this tenant's route counts: other keys change all the time (site
+        reports), and asking the same site again would get the same refusal.
+        """
+        while (remaining := deadline - time.monotonic()) > 0:
+            version = watcher.version
+            if watcher.map.resolve(tenant_id) != used:
+                return
+            await watcher.changed(version, remaining)
+
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(path: str, request: Request) -> Response:
         authorization = request.headers.get("authorization", "")
@@ -77,7 +99,6 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         deadline = time.monotonic() + settings.hold_seconds
         for attempt in (1, 2):
-            version = watcher.version
             found = await route_for(tenant_id, deadline)
             if isinstance(found, NoRoute):
                 if not found.transient:
@@ -91,9 +112,10 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
             except httpx.TransportError:
                 # The site died between the map's last word and this request.
                 upstream = None
-            moved = upstream is None or (upstream.status_code == 503 and _code(upstream) in _NOT_OWNER_CODES)
+            moved = upstream is None or (upstream.status_code == 503
+                                         and _code(upstream) in _ASK_AGAIN_CODES)
             if moved and attempt == 1:
-                await watcher.changed(version, max(deadline - time.monotonic(), 0.0))
+                await route_changed(tenant_id, found, deadline)
                 continue
             if upstream is None:
                 return _error(503, "cell_unavailable", f"cell {found.cell} did not answer",
