@@ -2,6 +2,7 @@
 
     cellplane operator --region R --etcd HOST:PORT,...   run the regional operator (kopf)
     cellplane router --etcd HOST:PORT,... [--port P]     the edge router
+    cellplane move TENANT --to CELL [--wait]             move a tenant to another cell
     cellplane sites stop --state-dir DIR  stop the site processes an operator left running
     cellplane local up [--regions a,b,c]  start etcd, kube-apiserver and the CRDs
     cellplane demo                        the local demo: 3 regions, their operators, Cells, Tenants
@@ -131,9 +132,11 @@ def _parser() -> argparse.ArgumentParser:
     router.set_defaults(run=_run_router)
 
     from cellplane_operator.failover_cli import add_failover_commands
+    from cellplane_operator.move_cli import add_move_command
     from cellplane_operator.reconcile.cli import add_report_command
 
     add_failover_commands(commands)
+    add_move_command(commands)
     add_report_command(commands)
 
     from cellplane_cells.cli import add_cell_commands

@@ -1,0 +1,262 @@
+"""``cellplane move``: ask the operators to move a tenant to another cell, and follow the move.
+
+    cellplane move TENANT --to CELL [-n NS] [--wait]   create a TenantMove; print its name
+    cellplane move --abort NAME [-n NS] [--wait]       set spec.abort on a TenantMove
+
+The operators do the work (the TenantMove controller); this command only writes
+the TenantMove and reads its status, so ``kubectl apply`` of the same object does
+the same. The name goes to stdout (for scripts); the progress goes to stderr: one
+redrawn line on a terminal, one line per change otherwise.
+
+Exit codes with ``--wait``: 0 the move completed (or, for ``--abort``, aborted),
+1 it ended otherwise (the reason is printed), 2 it had not ended by ``--timeout``
+(it goes on: the command only stops watching).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from cellplane_operator.errors import CellplaneError, KubeConflictError
+from cellplane_operator.kube import TENANTMOVES, KubeClient, KubeConfig
+
+__all__ = ["add_move_command", "run_move", "render_progress", "ending_reason", "move_name"]
+
+EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
+EXIT_USAGE = 2
+
+_TERMINAL = ("Completed", "Aborted", "Failed")
+_PAST_CUTOVER = ("CuttingOver", "Verifying")
+_PHASE_WIDTH = len("CuttingOver")
+_POLL_SECONDS = 0.5
+_DNS_LABEL_MAX = 63
+
+
+def add_move_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    move = commands.add_parser(
+        "move", help="move a tenant to another cell (creates a TenantMove)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    move.add_argument("tenant", metavar="TENANT", nargs="?",
+                      help="name of the Tenant to move (in --namespace)")
+    move.add_argument("--to", metavar="CELL", dest="cell", help="the cell to move it to")
+    move.add_argument("--abort", metavar="NAME", default=None,
+                      help="abort the TenantMove NAME instead (only before its cutover)")
+    move.add_argument("-n", "--namespace", default=None,
+                      help="namespace of the Tenant and the TenantMove "
+                           "(default: the kubeconfig context's)")
+    move.add_argument("--max-write-pause", type=float, default=None, metavar="SECONDS",
+                      help="longest the tenant's writes may pause at cutover (default 2)")
+    move.add_argument("--retain-source-for", type=int, default=None, metavar="SECONDS",
+                      help="how long the source keeps the tenant's rows, read-only, "
+                           "after the move (default 86400)")
+    move.add_argument("--name", default=None,
+                      help="name of the TenantMove (default: TENANT-to-CELL)")
+    move.add_argument("--wait", action="store_true",
+                      help="follow the move until it ends, with a progress bar on stderr")
+    move.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
+                      help="how long --wait waits (default 3600)")
+    move.add_argument("--kubeconfig", type=Path, default=None,
+                      help="default: $KUBECONFIG, in-cluster, then ~/.kube/config")
+    move.set_defaults(run=run_move)
+
+
+def run_move(args: argparse.Namespace, *, out: IO[str] | None = None,
+             err: IO[str] | None = None, tty: bool | None = None) -> int:
+    """What ``cellplane move`` does; returns the exit code."""
+    out, err = out or sys.stdout, err or sys.stderr
+    if args.abort is not None:
+        if args.tenant is not None or args.cell is not None:
+            print("cellplane move: --abort NAME takes no TENANT or --to", file=err)
+            return EXIT_USAGE
+    elif args.tenant is None or args.cell is None:
+        print("cellplane move: give TENANT --to CELL, or --abort NAME", file=err)
+        return EXIT_USAGE
+    follow = _Follower(err, err.isatty() if tty is None else tty)
+    return asyncio.run(_run(args, out, err, follow))
+
+
+def move_name(tenant: str, cell: str) -> str:
+    """``<tenant>-to-<cell>``, cut to a DNS label (63 characters, no trailing dash)."""
+    return f"{tenant}-to-{cell}"[:_DNS_LABEL_MAX].rstrip("-")
+
+
+def render_progress(status: Mapping[str, Any], *, width: int = 20) -> str:
+    """One line that says how far a move is, from its ``status`` (as stored: camelCase).
+
+    ``Copying     [########------------] 4,100/10,000 rows (41%)  delta 12``
+    """
+    phase = str(status.get("phase") or "Pending")
+    progress: Mapping[str, Any] = status.get("progress") or {}
+    copied, total = _count(progress.get("rowsCopied")), _count(progress.get("rowsTotal"))
+    parts = [phase.ljust(_PHASE_WIDTH)]
+    if total is not None:
+        done = total if total == 0 else min(copied or 0, total)
+        filled = width if total == 0 else width * done // total
+        share = 100 if total == 0 else 100 * done // total
+        parts.append(f"[{'#' * filled}{'-' * (width - filled)}] "
+                     f"{copied or 0:,}/{total:,} rows ({share}%)")
+    elif copied is not None:
+        parts.append(f"{copied:,} rows copied")
+    elif phase == "Pending":
+        parts.append("waiting for the operator")
+    delta = _count(progress.get("currentDelta"))
+    if delta is not None and phase not in _TERMINAL:
+        parts.append(f"delta {delta:,}")
+    pause = progress.get("pauseSeconds")
+    if isinstance(pause, (int, float)) and not isinstance(pause, bool):
+        parts.append(f"pause {pause:.2f}s")
+    if phase in ("Aborted", "Failed"):
+        parts.append(ending_reason(status))
+    return "  ".join(part for part in parts if part).rstrip()
+
+
+def ending_reason(status: Mapping[str, Any]) -> str:
+    """``Reason: message`` of the condition that says why a move is where it is.
+
+    The condition named after the phase (``Failed``, ``Aborted``) if there is one,
+    else a ``Completed`` or ``Ready`` that does not hold, else any that does not.
+    """
+    phase = str(status.get("phase") or "")
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+
+    def first(match: Any) -> Mapping[str, Any] | None:
+        return next((c for c in conditions if match(c)), None)
+
+    why = (first(lambda c: c.get("type") == phase and c.get("status") == "True")
+           or first(lambda c: c.get("type") in ("Completed", "Ready") and c.get("status") == "False")
+           or first(lambda c: c.get("status") == "False"))
+    if why is None:
+        return f"{phase or 'ended'}: no condition says why"
+    reason, message = str(why.get("reason") or why.get("type")), str(why.get("message") or "")
+    return f"{reason}: {message}" if message else reason
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Follower:
+    """Shows the progress line on stderr: redrawn in place on a terminal, else once per change."""
+
+    def __init__(self, err: IO[str], tty: bool) -> None:
+        self._err, self._tty, self._last = err, tty, ""
+
+    def show(self, line: str) -> None:
+        if line == self._last:
+            return
+        self._last = line
+        self._err.write(f"\r\x1b[K{line}" if self._tty else f"{line}\n")
+        self._err.flush()
+
+    def end(self) -> None:
+        if self._tty and self._last:
+            self._err.write("\n")
+            self._err.flush()
+
+
+async def _run(args: argparse.Namespace, out: IO[str], err: IO[str], follow: _Follower) -> int:
+    config = KubeConfig.load(args.kubeconfig)
+    namespace = args.namespace or config.namespace
+    kube = KubeClient(config, user_agent="cellplane-cli")
+    try:
+        if args.abort is not None:
+            return await _abort(kube, args, namespace, err, follow)
+        return await _create(kube, args, namespace, out, err, follow)
+    except CellplaneError as error:
+        follow.end()
+        print(f"cellplane move: {error}", file=err)
+        return EXIT_FAILED
+    finally:
+        await kube.close()
+
+
+async def _create(kube: KubeClient, args: argparse.Namespace, namespace: str, out: IO[str],
+                  err: IO[str], follow: _Follower) -> int:
+    name = args.name or move_name(args.tenant, args.cell)
+    spec: dict[str, Any] = {"tenant": args.tenant, "targetCell": args.cell}
+    if args.max_write_pause is not None:
+        spec["maxWritePauseSeconds"] = args.max_write_pause
+    if args.retain_source_for is not None:
+        spec["retainSourceForSeconds"] = args.retain_source_for
+    try:
+        await kube.create(TENANTMOVES, {"metadata": {"name": name, "namespace": namespace},
+                                        "spec": spec}, namespace=namespace)
+    except KubeConflictError:
+        existing = await kube.get(TENANTMOVES, name, namespace=namespace) or {}
+        phase = (existing.get("status") or {}).get("phase") or "Pending"
+        print(f"cellplane move: a TenantMove {name} exists already in {namespace} ({phase}); "
+              "pass --name for a new one", file=err)
+        return EXIT_FAILED
+    print(name, file=out)
+    out.flush()
+    if not args.wait:
+        return EXIT_OK
+    return await _follow(kube, name, namespace, args.timeout, "Completed", err, follow)
+
+
+async def _abort(kube: KubeClient, args: argparse.Namespace, namespace: str, err: IO[str],
+                 follow: _Follower) -> int:
+    name = args.abort
+    move = await kube.get(TENANTMOVES, name, namespace=namespace)
+    if move is None:
+        print(f"cellplane move: no TenantMove {name} in {namespace}", file=err)
+        return EXIT_FAILED
+    phase = (move.get("status") or {}).get("phase") or "Pending"
+    if phase in _TERMINAL:
+        print(f"cellplane move: TenantMove {name} has ended already ({phase}); "
+              "nothing to abort", file=err)
+        return EXIT_OK if phase == "Aborted" else EXIT_FAILED
+    if phase in _PAST_CUTOVER:
+        print(f"cellplane move: TenantMove {name} is past its cutover ({phase}): it can only "
+              "finish forward, an abort would lose the writes the target took", file=err)
+        return EXIT_FAILED
+    await kube.patch(TENANTMOVES, name, {"spec": {"abort": True}}, namespace=namespace)
+    print(f"TenantMove {name}: abort asked", file=err)
+    if not args.wait:
+        return EXIT_OK
+    return await _follow(kube, name, namespace, args.timeout, "Aborted", err, follow)
+
+
+async def _follow(kube: KubeClient, name: str, namespace: str, timeout: float, goal: str,
+                  err: IO[str], follow: _Follower) -> int:
+    deadline = time.monotonic() + timeout
+    status: Mapping[str, Any] = {}
+    while True:
+        move = await kube.get(TENANTMOVES, name, namespace=namespace)
+        if move is None:
+            follow.end()
+            print(f"cellplane move: TenantMove {name} was deleted (a deleted move is aborted)",
+                  file=err)
+            return EXIT_FAILED
+        status = move.get("status") or {}
+        follow.show(render_progress(status))
+        phase = status.get("phase")
+        if phase in _TERMINAL:
+            follow.end()
+            return _ended(name, status, goal, err)
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(min(_POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
+    follow.end()
+    print(f"cellplane move: TenantMove {name} had not ended after {timeout:g}s "
+          f"({status.get('phase') or 'Pending'}); it goes on "
+          f"(kubectl describe tenantmove {name} -n {namespace})", file=err)
+    return EXIT_TIMEOUT
+
+
+def _ended(name: str, status: Mapping[str, Any], goal: str, err: IO[str]) -> int:
+    phase = str(status["phase"])
+    cells = f"{status.get('sourceCell') or '?'} -> {status.get('targetCell') or '?'}"
+    if phase == "Completed":
+        pause = (status.get("progress") or {}).get("pauseSeconds")
+        paused = f"; writes paused {pause:.2f}s" if isinstance(pause, (int, float)) else ""
+        print(f"TenantMove {name} completed: {cells}{paused}", file=err)
+    else:
+        print(f"TenantMove {name} {phase.lower()} ({cells}): {ending_reason(status)}", file=err)
+    return EXIT_OK if phase == goal else EXIT_FAILED
