@@ -18,11 +18,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cellplane_cells.errors import LeaseExpiredError, NotWritableError, StaleEpochError
+from cellplane_cells.errors import (
+    LeaseExpiredError, NotWritableError, StaleEpochError, TenantMovingError,
+)
 from cellplane_cells.metrics import WRITES_REJECTED
 
 __all__ = ["open_pool", "translate_errors", "ThreadedDatabase", "STALE_EPOCH", "LEASE_EXPIRED",
-           "NO_EPOCH"]
+           "NO_EPOCH", "TENANT_FENCED"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ T = TypeVar("T")
 STALE_EPOCH = "CPS01"
 LEASE_EXPIRED = "CPL01"
 NO_EPOCH = "CPE01"
+TENANT_FENCED = "CPT01"
+"""A write of a tenant that is frozen for a move's cutover, or moved out (0006)."""
 
 
 def open_pool(conninfo: str, *, epoch: int, min_size: int = 1, max_size: int = 10,
@@ -52,7 +56,8 @@ def open_pool(conninfo: str, *, epoch: int, min_size: int = 1, max_size: int = 1
 
 @contextmanager
 def translate_errors() -> Iterator[None]:
-    """Maps the fencing trigger's refusals to ``NotWritableError`` subclasses."""
+    """Maps the fencing trigger's refusals to ``NotWritableError`` subclasses, and the
+    tenant fence's (a tenant being moved) to ``TenantMovingError``."""
     try:
         yield
     except psycopg.Error as error:
@@ -68,6 +73,10 @@ def translate_errors() -> Iterator[None]:
         if state == NO_EPOCH:
             WRITES_REJECTED.labels("no_epoch").inc()
             raise NotWritableError(str(error.diag.message_primary)) from error
+        if state == TENANT_FENCED:
+            WRITES_REJECTED.labels("tenant_fenced").inc()
+            log.info("write refused by the tenant fence: %s", error.diag.message_primary)
+            raise TenantMovingError(str(error.diag.message_primary)) from error
         raise
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "RateLimitedError",
     "UnavailableError",
     "TenantPausedError",
+    "TenantMovingError",
     "InsufficientFundsError",
     "InvalidRequestError",
     "TargetRefusedError",
@@ -84,6 +85,18 @@ class UnavailableError(RetryLaterError):
 
     code = "unavailable"
     http_status = 503
+
+
+class TenantMovingError(UnavailableError):
+    """The database refused a write of a tenant that is cutting over to another cell,
+    or has moved out (the tenant fence, migration 0006). Not a fencing of this
+    process: other tenants' writes go on, and this tenant's resume in its new cell."""
+
+    code = "tenant_moving"
+
+    def __init__(self, message: str, *, retry_after_seconds: float = 1.0,
+                 code: str | None = None) -> None:
+        super().__init__(message, retry_after_seconds=retry_after_seconds, code=code)
 
 
 class TenantPausedError(CellError):

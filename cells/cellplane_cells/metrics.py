@@ -17,7 +17,8 @@ __all__ = [
 WRITES_REJECTED = Counter(
     "cellplane_cell_writes_rejected_total",
     "Writes the cell database refused because the writer's placement-group epoch was stale, "
-    "its lease deadline had passed, or it declared no epoch.",
+    "its lease deadline had passed, or it declared no epoch; or because the tenant was "
+    "frozen for a move or moved out (reason tenant_fenced).",
     ["reason"],
 )
 CLAIMS = Counter("cellplane_cell_claims_total", "Jobs claimed by workers.", ["tenant"])

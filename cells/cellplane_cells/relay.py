@@ -45,7 +45,7 @@ from cellplane_cells.domain import breaker as breakers
 from cellplane_cells.domain.breaker import Breaker, BreakerPolicy, BreakerState
 from cellplane_cells.domain.retry import RetryPolicy, decide
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
-from cellplane_cells.errors import NotWritableError
+from cellplane_cells.errors import NotWritableError, TenantMovingError
 from cellplane_cells.metrics import DELIVERIES
 from cellplane_cells.queries import query
 
@@ -250,6 +250,10 @@ class Relay:
                     await self.dispatch()
                 except NotWritableError:
                     break
+                except TenantMovingError as error:
+                    # A tenant froze for a move between a batch's read and its write;
+                    # the next round passes it by.
+                    log.info("relay round refused for a tenant being moved: %s", error)
                 except psycopg.OperationalError as error:
                     log.warning("relay round failed, retrying: %s", error)
                 await self._pause(stop)
@@ -279,6 +283,11 @@ class Relay:
             await self._db(_record, delivery, answer, verdict, policy=self._config.breaker)
         except NotWritableError:
             pass  # fenced, and logged by _db; the lease runs out and the new owner delivers
+        except TenantMovingError:
+            # The tenant is cutting over: the event goes to its new cell undelivered,
+            # and is sent again from there (receivers deduplicate by event id).
+            log.info("outcome of event %s for endpoint %d not recorded: its tenant is being moved",
+                     delivery.event_id, delivery.endpoint_id)
         except psycopg.OperationalError as error:
             log.warning("outcome of event %s for endpoint %d not recorded (%s); its lease will"
                         " run out and it goes out again", delivery.event_id, delivery.endpoint_id,

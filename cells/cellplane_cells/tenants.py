@@ -129,7 +129,7 @@ class RemovalPolicy(str, Enum):
 PURGE_ORDER = (
     "purge_delivery_attempts", "purge_deliveries", "purge_outbox", "purge_job_steps",
     "purge_ledger", "purge_idempotency_keys", "purge_jobs", "purge_webhook_endpoints",
-    "purge_targets", "purge_wallet", "purge_rate_bucket", "purge_tenant",
+    "purge_targets", "purge_wallet", "purge_rate_bucket", "purge_tenant_changes", "purge_tenant",
 )
 """The statements of a purge (sql/removal.sql), rows that reference others first."""
 
@@ -153,6 +153,9 @@ def purge_tenant(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, int
     deleted: dict[str, int] = {}
     with translate_errors(), conn.transaction(), conn.cursor() as cursor:
         params = {"tenant_id": tenant_id}
+        # The move's admin path (0006): a tenant moved out, or frozen for a
+        # move, is read-only to everyone else, and must still be purgeable.
+        cursor.execute(query("declare_tenant_admin"))
         if cursor.execute(query("lock_tenant_for_purge"), params).fetchone() is None:
             return None
         for name in PURGE_ORDER:

@@ -5,7 +5,10 @@ claim, so a job reclaimed after its worker died resumes at its first unfinished
 step, and every try of a step carries the same ``Idempotency-Key``. A claim is
 kept alive by heartbeats; a worker that loses its claim (reaped, or the claim
 epoch moved on) cancels its own work at once, and one that the database
-refuses as stale or past its lease stops claiming altogether.
+refuses as stale or past its lease stops claiming altogether. A job whose
+tenant is frozen for a move (or moved out) is refused by the database per
+tenant: the worker drops that job as if its claim were lost and keeps running.
+The reaper's loop also purges moved-out tenants whose retention has passed.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cellplane_cells import jobqueue
+from cellplane_cells import jobqueue, moves
 from cellplane_cells.db import ThreadedDatabase
 from cellplane_cells.domain.retry import RetryPolicy, decide
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
-from cellplane_cells.errors import NotWritableError
+from cellplane_cells.errors import NotWritableError, TenantMovingError
 from cellplane_cells.metrics import CLAIMS, STEP_CALLS
 from cellplane_cells.queries import query
 
@@ -60,6 +63,8 @@ class WorkerConfig:
     """Timeout of one step's HTTP call."""
     reap_seconds: float = 5.0
     """Interval of the reaper (expired claims, expired jobs)."""
+    purge_seconds: float = 60.0
+    """Interval of the sweep that purges moved-out tenants past their retention."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff of failed steps."""
 
@@ -100,7 +105,9 @@ class Worker:
             jobs = await self._db(jobqueue.claim, worker=self._config.worker_id,
                                   batch=min(free, self._config.batch),
                                   lease_seconds=self._config.lease_seconds)
-        except NotWritableError:
+        except (NotWritableError, TenantMovingError):
+            # TenantMovingError: a tenant of the batch froze between the claim's
+            # read and its write; the next claim passes it by.
             return []
         tasks = []
         for job in jobs:
@@ -145,6 +152,7 @@ class Worker:
                                  return_exceptions=True)
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
+        purged_at: float | None = None
         while not stop.is_set():
             try:
                 reaped = await self._db(jobqueue.reap)
@@ -152,8 +160,17 @@ class Worker:
                 if reaped or expired:
                     log.info("reaper: %d expired claims returned, %d jobs expired",
                              len(reaped), expired)
+                now = time.monotonic()
+                if purged_at is None or now - purged_at >= self._config.purge_seconds:
+                    purged_at = now
+                    purged = await self._db(moves.purge_expired_moves)
+                    if purged:
+                        log.info("purged moved-out tenants past their retention: %s", purged)
             except NotWritableError:
                 return
+            except TenantMovingError as error:
+                # A tenant froze between the batch's read and its write.
+                log.info("reaper pass refused for a tenant being moved, retrying: %s", error)
             except psycopg.OperationalError as error:
                 log.warning("reaper failed, retrying: %s", error)
             try:
@@ -166,14 +183,22 @@ class Worker:
         work = asyncio.create_task(self._execute(running))
         beat = asyncio.create_task(self._heartbeat(running, work))
         try:
-            await work
-        except asyncio.CancelledError:
-            if running.cancel_requested and not running.claim_lost:
-                await self._db(jobqueue.finish_cancelled, running.job, call_sent=running.call_sent)
-            elif not running.claim_lost:
-                raise
+            try:
+                await work
+            except asyncio.CancelledError:
+                if running.cancel_requested and not running.claim_lost:
+                    await self._db(jobqueue.finish_cancelled, running.job,
+                                   call_sent=running.call_sent)
+                elif not running.claim_lost:
+                    raise
         except NotWritableError:
             pass
+        except TenantMovingError as error:
+            # The tenant is cutting over to another cell (or has): like a lost
+            # claim. The move carries the job there, queued, from its last saved step.
+            log.warning("job %s: its tenant is being moved, abandoning it: %s",
+                        running.job.job_id, error)
+            running.claim_lost = True
         except Exception:
             log.exception("job %s failed inside the worker", running.job.job_id)
         finally:
@@ -186,7 +211,7 @@ class Worker:
             try:
                 answer = await self._db(jobqueue.heartbeat, running.job,
                                         lease_seconds=self._config.lease_seconds)
-            except NotWritableError:
+            except (NotWritableError, TenantMovingError):
                 running.claim_lost = True
                 work.cancel()
                 return

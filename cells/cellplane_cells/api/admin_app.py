@@ -10,7 +10,7 @@ import hmac
 import uuid
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header
+from fastapi import Depends, FastAPI, Header, Query
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from cellplane_cells import jobqueue
+from cellplane_cells import jobqueue, moves
 from cellplane_cells.api.errors import BodySizeLimit, install_error_handlers
 from cellplane_cells.domain.plans import Plan
 from cellplane_cells.metrics import register_queue_collector
@@ -73,6 +73,44 @@ class Import(BaseModel):
     bundle: dict[str, Any]
 
 
+MoveId = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class MoveOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    move_id: MoveId
+
+
+class MoveEpoch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    move_id: MoveId
+    epoch: int = Field(ge=1, description="The tenant epoch to hold from now on.")
+
+
+class MoveFinish(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    move_id: MoveId
+    retain_seconds: int = Field(ge=0, le=10 * 365 * 86400,
+                                description="How long the moved-out rows stay, read-only.")
+
+
+class MoveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    move_id: MoveId
+    epoch: int = Field(ge=1, description="The tenant epoch the tenant runs under in this cell.")
+    rows: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    deletes: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class MoveActivate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    move_id: MoveId
+
+
+MOVE_IN_BODY_LIMIT = 32 * 1024 * 1024
+"""A batch of rows for a move in; every other admin body stays under 1 MB."""
+
+
 class Credit(BaseModel):
     model_config = ConfigDict(extra="forbid")
     amount: int = Field(gt=0, le=10**15)
@@ -92,7 +130,7 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
     register_queue_collector(queue_registry, read_stats)
     conninfo = pool.conninfo if isinstance(pool.conninfo, str) else pool.conninfo()
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, limit=1024 * 1024)
+    app.add_middleware(BodySizeLimit, limit=1024 * 1024, larger={"/move-in": MOVE_IN_BODY_LIMIT})
 
     def admin(authorization: Annotated[str | None, Header()] = None) -> None:
         given = (authorization or "").removeprefix("Bearer ").strip()
@@ -170,6 +208,74 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
             raise ConflictError("the bundle is for another tenant", code="invalid_bundle")
         with pool.connection() as conn:
             return {"imported": import_tenant(conn, body.bundle, epoch=body.epoch)}
+
+    # --- online tenant moves (moves.py); the operator drives them -----------------------
+
+    @app.post("/admin/v1/tenants/{tenant_id}/move-out", dependencies=guarded)
+    def move_out(tenant_id: TenantId, body: MoveOut) -> dict[str, Any]:
+        """Starts (or repeats) a move out: change capture on, under the tenant lock."""
+        with pool.connection() as conn:
+            tables = moves.start_move_out(conn, tenant_id, body.move_id)
+        return {"move_id": body.move_id, "tables": tables}
+
+    @app.get("/admin/v1/tenants/{tenant_id}/move-out/rows", dependencies=guarded)
+    def move_out_rows(tenant_id: TenantId, table: str,
+                      after: Annotated[str | None, Query(max_length=2000)] = None,
+                      limit: Annotated[int, Query(ge=1, le=10000)] = 2000) -> dict[str, Any]:
+        with pool.connection() as conn:
+            rows, following = moves.scope_page(conn, tenant_id, table, after=after, limit=limit)
+        return {"rows": rows, "next": following}
+
+    @app.get("/admin/v1/tenants/{tenant_id}/move-out/changes", dependencies=guarded)
+    def move_out_changes(tenant_id: TenantId, after: Annotated[int, Query(ge=0)] = 0,
+                         limit: Annotated[int, Query(ge=1, le=50000)] = 5000) -> dict[str, Any]:
+        with pool.connection() as conn:
+            return moves.read_changes(conn, tenant_id, after=after, limit=limit)
+
+    @app.post("/admin/v1/tenants/{tenant_id}/move-out:freeze", dependencies=guarded)
+    def move_out_freeze(tenant_id: TenantId, body: MoveEpoch) -> dict[str, int]:
+        with pool.connection() as conn:
+            return moves.freeze(conn, tenant_id, body.move_id, body.epoch)
+
+    @app.post("/admin/v1/tenants/{tenant_id}/move-out:unfreeze", dependencies=guarded)
+    def move_out_unfreeze(tenant_id: TenantId, body: MoveEpoch) -> dict[str, Any]:
+        with pool.connection() as conn:
+            moves.unfreeze(conn, tenant_id, body.move_id, body.epoch)
+        return {"move_id": body.move_id, "state": "active"}
+
+    @app.post("/admin/v1/tenants/{tenant_id}/move-out:finish", dependencies=guarded)
+    def move_out_finish(tenant_id: TenantId, body: MoveFinish) -> dict[str, Any]:
+        with pool.connection() as conn:
+            moves.finish(conn, tenant_id, body.move_id, body.retain_seconds)
+        return {"move_id": body.move_id, "state": "moved"}
+
+    @app.delete("/admin/v1/tenants/{tenant_id}/move-out", dependencies=guarded, status_code=204)
+    def move_out_abort(tenant_id: TenantId, move_id: Annotated[str, Query(min_length=1)]) -> None:
+        with pool.connection() as conn:
+            moves.abort_move_out(conn, tenant_id, move_id)
+
+    @app.post("/admin/v1/tenants/{tenant_id}/move-in", dependencies=guarded)
+    def move_in(tenant_id: TenantId, body: MoveIn) -> dict[str, Any]:
+        with pool.connection() as conn:
+            applied = moves.move_in(conn, tenant_id, move_id=body.move_id, epoch=body.epoch,
+                                    rows=body.rows, deletes=body.deletes)
+        return {"applied": applied}
+
+    @app.post("/admin/v1/tenants/{tenant_id}/move-in:activate", dependencies=guarded)
+    def move_in_activate(tenant_id: TenantId, body: MoveActivate) -> dict[str, Any]:
+        with pool.connection() as conn:
+            moves.activate(conn, tenant_id, body.move_id)
+        return {"move_id": body.move_id, "state": "active"}
+
+    @app.delete("/admin/v1/tenants/{tenant_id}/move-in", dependencies=guarded, status_code=204)
+    def move_in_abort(tenant_id: TenantId, move_id: Annotated[str, Query(min_length=1)]) -> None:
+        with pool.connection() as conn:
+            moves.abort_move_in(conn, tenant_id, move_id)
+
+    @app.get("/admin/v1/tenants/{tenant_id}/checksums", dependencies=guarded)
+    def move_checksums(tenant_id: TenantId) -> dict[str, Any]:
+        with pool.connection() as conn:
+            return {"tables": moves.checksums(conn, tenant_id)}
 
     @app.get("/metrics", dependencies=guarded)
     def metrics() -> Response:

@@ -72,19 +72,30 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class BodySizeLimit:
-    """Refuses bodies over ``limit`` bytes with 413, before the app reads them whole."""
+    """Refuses bodies over ``limit`` bytes with 413, before the app reads them whole.
 
-    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+    ``larger`` raises the limit for the requests whose path ends with one of
+    its keys (a tenant move's batches of rows)."""
+
+    def __init__(self, app: ASGIApp, *, limit: int, larger: dict[str, int] | None = None) -> None:
         self._app = app
-        self._limit = limit
+        self._default = limit
+        self._larger = dict(larger or {})
+
+    def _limit_for(self, path: str) -> int:
+        for suffix, limit in self._larger.items():
+            if path.endswith(suffix):
+                return limit
+        return self._default
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
+        limit = self._limit_for(str(scope.get("path", "")))
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._limit:
-            await _too_large(send, self._limit)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _too_large(send, limit)
             return
         received = 0
 
@@ -93,14 +104,14 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self._limit:
+                if received > limit:
                     raise _TooLarge()
             return message
 
         try:
             await self._app(scope, limited_receive, send)
         except _TooLarge:
-            await _too_large(send, self._limit)
+            await _too_large(send, limit)
 
 
 class _TooLarge(Exception):

@@ -117,6 +117,10 @@ def create_tenant_app(pool: ConnectionPool) -> FastAPI:
                                {"key_hash": hash_api_key(authorization[7:].strip())}).fetchone()
         if row is None:
             raise UnauthenticatedError("unknown API key")
+        if row[2] == "moved":
+            # The tenant lives in another cell now; the edge router retries there.
+            raise UnavailableError("the tenant has moved to another cell; retry shortly",
+                                   code="tenant_moved", retry_after_seconds=1)
         return str(row[0]), str(row[2])
 
     def tenant(identity: Annotated[tuple[str, str], Depends(caller)]) -> str:

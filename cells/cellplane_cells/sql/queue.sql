@@ -191,9 +191,15 @@ RETURNING refund.amount;
 -- Claims whose lease ran out go back to the queue (or to dead-letter when
 -- attempts are used up). The claim epoch moves on, so the worker that held the
 -- claim, if it is only paused, has every later write refused.
+--
+-- Jobs of a tenant that is cutting over to another cell, or moved out, are
+-- left alone (0006's fence would refuse the whole batch for them): a move
+-- carries their running jobs as queued, and its abort makes them writable
+-- here again.
 WITH expired AS (
     SELECT job_id FROM jobs
      WHERE status = 'running' AND lease_until < now()
+       AND tenant_id NOT IN (SELECT tenant_id FROM tenants WHERE state IN ('frozen', 'moved'))
      ORDER BY lease_until
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
@@ -214,12 +220,15 @@ WITH expired AS (
 SELECT job_id, tenant_id, status FROM reaped;
 
 -- name: expire_queued_jobs
+-- Frozen and moved tenants' jobs are skipped, as by the reaper.
 WITH expired AS (
     UPDATE jobs
        SET status = 'expired', finished_at = now(), last_error = 'expired before it could run',
            error_code = 'expired'
      WHERE job_id IN (SELECT job_id FROM jobs
                        WHERE status = 'queued' AND expires_at < now()
+                         AND tenant_id NOT IN (SELECT tenant_id FROM tenants
+                                                WHERE state IN ('frozen', 'moved'))
                        LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
     RETURNING job_id, tenant_id
 ), event AS (

@@ -13,9 +13,12 @@
 -- take different events. ON CONFLICT: an event whose relayed_at was reset by
 -- hand (to reach an endpoint added since) gets only the deliveries it lacks.
 -- An event of a tenant without endpoints is marked relayed with none.
+-- Events of a tenant cutting over or moved out wait (0006's fence would
+-- refuse the whole batch for them): the move carries them unrelayed.
 WITH events AS (
     SELECT event_id, tenant_id FROM outbox
      WHERE relayed_at IS NULL
+       AND tenant_id NOT IN (SELECT tenant_id FROM tenants WHERE state IN ('frozen', 'moved'))
      ORDER BY created_at
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
@@ -47,6 +50,8 @@ SELECT w.endpoint_id
           AND d.leased_until IS NULL AND d.next_attempt_at <= now()) due
  WHERE due.oldest IS NOT NULL
    AND (w.breaker <> 'open' OR w.open_until <= now())
+   -- Not for a tenant cutting over or moved out (the fence, 0006).
+   AND w.tenant_id NOT IN (SELECT tenant_id FROM tenants WHERE state IN ('frozen', 'moved'))
  ORDER BY due.oldest, w.endpoint_id
  LIMIT %(batch)s
    FOR NO KEY UPDATE OF w SKIP LOCKED;
@@ -148,9 +153,14 @@ UPDATE webhook_endpoints
 -- once (dead if that was its last attempt). The request may well have
 -- reached the receiver: this is where at-least-once delivers twice, and why
 -- every delivery carries its event's stable id.
+-- Leases of a tenant cutting over or moved out stay until it is writable
+-- again (the fence, 0006); a moved tenant's go with its purge.
 WITH lost AS (
     SELECT event_id, endpoint_id FROM deliveries
      WHERE leased_until < now()
+       AND endpoint_id NOT IN (SELECT w.endpoint_id FROM webhook_endpoints w
+                                JOIN tenants t USING (tenant_id)
+                               WHERE t.state IN ('frozen', 'moved'))
      ORDER BY leased_until
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED

@@ -65,5 +65,9 @@ DELETE FROM wallets WHERE tenant_id = %(tenant_id)s;
 -- name: purge_rate_bucket
 DELETE FROM rate_buckets WHERE tenant_id = %(tenant_id)s;
 
+-- name: purge_tenant_changes
+-- A move's change capture (0006): no foreign key, so no cascade either.
+DELETE FROM tenant_changes WHERE tenant_id = %(tenant_id)s;
+
 -- name: purge_tenant
 DELETE FROM tenants WHERE tenant_id = %(tenant_id)s;

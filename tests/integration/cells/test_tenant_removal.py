@@ -65,6 +65,9 @@ def populate(cell: Cell, tenant_id: str) -> dict[str, str]:
     """A tenant with a row in every table: quotas, bucket, wallet, target, webhook, jobs
     queued, running and finished, their steps, ledger, keys, events, deliveries, attempts."""
     auth = cell.tenant(tenant_id, burst=20)
+    # A move out under way: every later write of the tenant is captured.
+    assert cell.admin.post(f"/admin/v1/tenants/{tenant_id}/move-out",
+                           json={"move_id": "m"}).status_code == 200
     hook = cell.admin.put(f"/admin/v1/tenants/{tenant_id}/webhooks",
                           json={"url": f"http://127.0.0.1:9/{tenant_id}", "secret": "s" * 16})
     assert hook.status_code == 200, hook.text

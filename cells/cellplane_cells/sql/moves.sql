@@ -1,0 +1,436 @@
+-- Online tenant moves (moves.py): the source's scope pages, change capture
+-- reads, freeze and finish; the target's upserts; checksums on both sides.
+-- Rows travel in row_to_json's shape, as in transfer.sql. The move's scope:
+-- the tenant row, wallet, bucket, targets, webhooks, queued and running jobs
+-- with their steps and ledger rows, every idempotency key, and the events
+-- not yet delivered everywhere (unrelayed, or with a pending delivery).
+--
+-- Scope pages are keyset-paged; a page's `cursor` column is the key of its
+-- row, as a JSON array, and `%(after)s` the last one returned (NULL: start).
+-- Jobs are read as two index scans, queued (jobs_queued) and running (few),
+-- never through the tenant's whole job history.
+
+-- name: declare_tenant_admin
+-- The transaction is the move's own admin path: the tenant fence (0006)
+-- lets its writes through. Transaction-local.
+SELECT set_config('cellplane.tenant_admin', 'on', true);
+
+-- name: lock_tenant_for_move
+-- The tenant row first, then the advisory lock (0006's lock order). FOR NO
+-- KEY UPDATE does not wait for writers' foreign-key KEY SHARE locks, so a
+-- writer that holds the shared advisory lock is never waiting on us while
+-- we wait for it.
+SELECT tenant_id, state, epoch, move_id, capturing FROM tenants
+ WHERE tenant_id = %(tenant_id)s
+   FOR NO KEY UPDATE;
+
+-- name: exclusive_tenant_lock
+-- Waits for every transaction that passed the fence for this tenant to end,
+-- and keeps new ones waiting until this transaction ends.
+SELECT pg_advisory_xact_lock(1129339988, cellplane_tenant_lock_key(%(tenant_id)s));
+
+-- name: start_capture
+UPDATE tenants SET move_id = %(move_id)s, capturing = true, updated_at = now()
+ WHERE tenant_id = %(tenant_id)s;
+
+-- name: clear_changes
+DELETE FROM tenant_changes WHERE tenant_id = %(tenant_id)s;
+
+-- name: scope_totals
+SELECT json_build_object(
+    'tenant', (SELECT count(*) FROM tenants WHERE tenant_id = %(tenant_id)s),
+    'wallet', (SELECT count(*) FROM wallets WHERE tenant_id = %(tenant_id)s),
+    'rate_bucket', (SELECT count(*) FROM rate_buckets WHERE tenant_id = %(tenant_id)s),
+    'targets', (SELECT count(*) FROM targets WHERE tenant_id = %(tenant_id)s),
+    'webhooks', (SELECT count(*) FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s),
+    'jobs', (SELECT count(*) FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'queued')
+          + (SELECT count(*) FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'running'),
+    'steps', (SELECT count(*) FROM job_steps s JOIN jobs j USING (job_id)
+               WHERE j.tenant_id = %(tenant_id)s AND j.status IN ('queued', 'running')),
+    'ledger', (SELECT count(*) FROM ledger l JOIN jobs j USING (job_id)
+                WHERE j.tenant_id = %(tenant_id)s AND j.status IN ('queued', 'running')),
+    'idempotency_keys', (SELECT count(*) FROM idempotency_keys WHERE tenant_id = %(tenant_id)s),
+    'outbox', (SELECT count(*) FROM outbox o
+                WHERE o.tenant_id = %(tenant_id)s
+                  AND (o.relayed_at IS NULL OR EXISTS (
+                       SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending')))
+) AS totals;
+
+-- name: page_tenant
+SELECT row_to_json(t) AS row, NULL::jsonb AS cursor FROM tenants t WHERE t.tenant_id = %(tenant_id)s;
+
+-- name: page_wallet
+SELECT row_to_json(w) AS row, NULL::jsonb AS cursor FROM wallets w WHERE w.tenant_id = %(tenant_id)s;
+
+-- name: page_rate_bucket
+SELECT row_to_json(b) AS row, NULL::jsonb AS cursor FROM rate_buckets b WHERE b.tenant_id = %(tenant_id)s;
+
+-- name: page_targets
+SELECT row_to_json(g) AS row, jsonb_build_array(g.name) AS cursor
+  FROM targets g
+ WHERE g.tenant_id = %(tenant_id)s AND g.name > coalesce(%(after)s::jsonb->>0, '')
+ ORDER BY g.name LIMIT %(limit)s;
+
+-- name: page_webhooks
+SELECT row_to_json(e) AS row, jsonb_build_array(e.url) AS cursor
+  FROM webhook_endpoints e
+ WHERE e.tenant_id = %(tenant_id)s AND e.url > coalesce(%(after)s::jsonb->>0, '')
+ ORDER BY e.url LIMIT %(limit)s;
+
+-- name: page_jobs
+WITH after AS (
+    SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
+           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id
+), scope AS (
+    (SELECT j.* FROM jobs j, after a
+      WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued' AND (j.created_at, j.job_id) > (a.at, a.id)
+      ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
+    UNION ALL
+    (SELECT j.* FROM jobs j, after a
+      WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running' AND (j.created_at, j.job_id) > (a.at, a.id)
+      ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
+)
+SELECT row_to_json(s) AS row, jsonb_build_array(s.created_at, s.job_id) AS cursor
+  FROM scope s
+ ORDER BY s.created_at, s.job_id LIMIT %(limit)s;
+
+-- name: page_steps
+WITH after AS (
+    SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
+           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id,
+           coalesce((%(after)s::jsonb->>2)::int, -2147483648) AS sub
+), scope AS (
+    SELECT j.job_id, j.created_at FROM jobs j, after a
+     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued' AND (j.created_at, j.job_id) >= (a.at, a.id)
+    UNION ALL
+    SELECT j.job_id, j.created_at FROM jobs j, after a
+     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running' AND (j.created_at, j.job_id) >= (a.at, a.id)
+)
+SELECT row_to_json(s) AS row, jsonb_build_array(sc.created_at, sc.job_id, s.step) AS cursor
+  FROM scope sc JOIN job_steps s ON s.job_id = sc.job_id, after a
+ WHERE (sc.created_at, sc.job_id, s.step) > (a.at, a.id, a.sub)
+ ORDER BY sc.created_at, sc.job_id, s.step LIMIT %(limit)s;
+
+-- name: page_ledger
+WITH after AS (
+    SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
+           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id,
+           coalesce((%(after)s::jsonb->>2)::bigint, -1) AS sub
+), scope AS (
+    SELECT j.job_id, j.created_at FROM jobs j, after a
+     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued' AND (j.created_at, j.job_id) >= (a.at, a.id)
+    UNION ALL
+    SELECT j.job_id, j.created_at FROM jobs j, after a
+     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running' AND (j.created_at, j.job_id) >= (a.at, a.id)
+)
+SELECT row_to_json(l) AS row, jsonb_build_array(sc.created_at, sc.job_id, l.entry_id) AS cursor
+  FROM scope sc JOIN ledger l ON l.job_id = sc.job_id, after a
+ WHERE (sc.created_at, sc.job_id, l.entry_id) > (a.at, a.id, a.sub)
+ ORDER BY sc.created_at, sc.job_id, l.entry_id LIMIT %(limit)s;
+
+-- name: page_idempotency_keys
+SELECT row_to_json(k) AS row, jsonb_build_array(k.key) AS cursor
+  FROM idempotency_keys k
+ WHERE k.tenant_id = %(tenant_id)s AND k.key > coalesce(%(after)s::jsonb->>0, '')
+ ORDER BY k.key LIMIT %(limit)s;
+
+-- name: page_outbox
+SELECT row_to_json(o) AS row, jsonb_build_array(o.event_id) AS cursor
+  FROM outbox o
+ WHERE o.tenant_id = %(tenant_id)s
+   AND o.event_id > coalesce((%(after)s::jsonb->>0)::uuid, '00000000-0000-0000-0000-000000000000')
+   AND (o.relayed_at IS NULL OR EXISTS (
+        SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending'))
+ ORDER BY o.event_id LIMIT %(limit)s;
+
+-- name: read_changes
+-- Run while holding the exclusive tenant lock (moves.read_changes): every
+-- writer that took a sequence number before has committed, so no entry
+-- below the highest one read can still appear later.
+SELECT seq, kind, key FROM tenant_changes
+ WHERE tenant_id = %(tenant_id)s AND seq > %(after)s
+ ORDER BY seq LIMIT %(limit)s;
+
+-- name: count_changes_after
+SELECT count(*)::int AS pending, max(seq) AS last_seq FROM tenant_changes
+ WHERE tenant_id = %(tenant_id)s AND seq > %(after)s;
+
+-- The current version of changed rows, by the keys the capture recorded.
+
+-- name: changed_tenant
+SELECT t.tenant_id AS key, row_to_json(t) AS row FROM tenants t
+ WHERE t.tenant_id = %(tenant_id)s AND t.tenant_id = ANY(%(keys)s::text[]);
+
+-- name: changed_wallet
+SELECT w.tenant_id AS key, row_to_json(w) AS row FROM wallets w
+ WHERE w.tenant_id = %(tenant_id)s AND w.tenant_id = ANY(%(keys)s::text[]);
+
+-- name: changed_rate_bucket
+SELECT b.tenant_id AS key, row_to_json(b) AS row FROM rate_buckets b
+ WHERE b.tenant_id = %(tenant_id)s AND b.tenant_id = ANY(%(keys)s::text[]);
+
+-- name: changed_targets
+SELECT g.name AS key, row_to_json(g) AS row FROM targets g
+ WHERE g.tenant_id = %(tenant_id)s AND g.name = ANY(%(keys)s::text[]);
+
+-- name: changed_webhooks
+SELECT e.url AS key, row_to_json(e) AS row FROM webhook_endpoints e
+ WHERE e.tenant_id = %(tenant_id)s AND e.url = ANY(%(keys)s::text[]);
+
+-- name: changed_jobs
+-- Whatever the job's status now: a job finished here stays finished there.
+SELECT j.job_id::text AS key, row_to_json(j) AS row FROM jobs j
+ WHERE j.tenant_id = %(tenant_id)s AND j.job_id = ANY(%(keys)s::uuid[]);
+
+-- name: changed_steps
+SELECT s.job_id::text AS key, row_to_json(s) AS row
+  FROM job_steps s JOIN jobs j USING (job_id)
+ WHERE j.tenant_id = %(tenant_id)s AND s.job_id = ANY(%(keys)s::uuid[])
+ ORDER BY s.job_id, s.step;
+
+-- name: changed_ledger
+SELECT l.job_id::text AS key, row_to_json(l) AS row FROM ledger l
+ WHERE l.tenant_id = %(tenant_id)s AND l.job_id = ANY(%(keys)s::uuid[])
+ ORDER BY l.job_id, l.entry_id;
+
+-- name: changed_idempotency_keys
+SELECT k.key AS key, row_to_json(k) AS row FROM idempotency_keys k
+ WHERE k.tenant_id = %(tenant_id)s AND k.key = ANY(%(keys)s::text[]);
+
+-- name: changed_outbox
+-- Only while undelivered: an event delivered everywhere leaves the scope,
+-- and the target forgets it (moves.py sends its key as a delete).
+SELECT o.event_id::text AS key, row_to_json(o) AS row FROM outbox o
+ WHERE o.tenant_id = %(tenant_id)s AND o.event_id = ANY(%(keys)s::uuid[])
+   AND (o.relayed_at IS NULL OR EXISTS (
+        SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending'));
+
+-- name: freeze_tenant
+UPDATE tenants SET state = 'frozen', epoch = %(epoch)s, updated_at = now()
+ WHERE tenant_id = %(tenant_id)s;
+
+-- name: max_change_seq
+SELECT coalesce(max(seq), 0) AS last_seq, count(*)::int AS pending FROM tenant_changes
+ WHERE tenant_id = %(tenant_id)s;
+
+-- name: unfreeze_tenant
+UPDATE tenants SET state = 'active', epoch = %(epoch)s, updated_at = now()
+ WHERE tenant_id = %(tenant_id)s;
+
+-- name: finish_move_out
+UPDATE tenants
+   SET state = 'moved', capturing = false,
+       purge_after = now() + make_interval(secs => %(retain_seconds)s), updated_at = now()
+ WHERE tenant_id = %(tenant_id)s;
+
+-- name: abort_move_out
+UPDATE tenants
+   SET state = CASE WHEN state = 'frozen' THEN 'active' ELSE state END,
+       capturing = false, move_id = NULL, updated_at = now()
+ WHERE tenant_id = %(tenant_id)s;
+
+-- name: moved_tenants_to_purge
+SELECT tenant_id FROM tenants WHERE state = 'moved' AND purge_after < now() ORDER BY tenant_id;
+
+-- name: lock_moved_tenant_for_purge
+SELECT tenant_id FROM tenants
+ WHERE tenant_id = %(tenant_id)s AND state = 'moved' AND purge_after < now()
+   FOR UPDATE;
+
+-- Target side: every statement runs as the admin path (declare_tenant_admin),
+-- and takes only rows of the tenant being moved in.
+
+-- name: movein_find_tenant
+SELECT tenant_id, state, move_id FROM tenants WHERE tenant_id = %(tenant_id)s FOR UPDATE;
+
+-- name: movein_create_tenant
+-- Frozen until the move activates it: no claim, no submission. No running
+-- jobs here, first in the round-robin, under the move's epoch.
+INSERT INTO tenants (tenant_id, plan, state, epoch, max_running, jobs_per_second, burst,
+                     daily_spend_limit, running, last_served_at, api_key_hash, signing_secret,
+                     move_id, created_at)
+SELECT tenant_id, plan, 'frozen', %(epoch)s, max_running, jobs_per_second, burst,
+       daily_spend_limit, 0, '-infinity', api_key_hash, signing_secret, %(move_id)s, created_at
+  FROM json_populate_record(null::tenants, %(row)s::json)
+ WHERE tenant_id = %(tenant_id)s;
+
+-- name: movein_update_tenant
+-- Plan, quotas, key and signing secret follow the source; state, epoch and
+-- the counters are this cell's own.
+UPDATE tenants t
+   SET plan = r.plan, max_running = r.max_running, jobs_per_second = r.jobs_per_second,
+       burst = r.burst, daily_spend_limit = r.daily_spend_limit, api_key_hash = r.api_key_hash,
+       signing_secret = r.signing_secret, updated_at = now()
+  FROM json_populate_record(null::tenants, %(row)s::json) r
+ WHERE t.tenant_id = %(tenant_id)s AND r.tenant_id = t.tenant_id;
+
+-- name: movein_wallet
+INSERT INTO wallets (tenant_id, available, reserved, spend_day)
+SELECT tenant_id, available, reserved, spend_day
+  FROM json_populate_recordset(null::wallets, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (tenant_id) DO UPDATE
+   SET available = EXCLUDED.available, reserved = EXCLUDED.reserved, spend_day = EXCLUDED.spend_day;
+
+-- name: movein_rate_bucket
+INSERT INTO rate_buckets (tenant_id, tokens, refilled_at)
+SELECT tenant_id, tokens, refilled_at
+  FROM json_populate_recordset(null::rate_buckets, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (tenant_id) DO UPDATE SET tokens = EXCLUDED.tokens, refilled_at = EXCLUDED.refilled_at;
+
+-- name: movein_targets
+INSERT INTO targets (tenant_id, name, url)
+SELECT tenant_id, name, url
+  FROM json_populate_recordset(null::targets, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (tenant_id, name) DO UPDATE SET url = EXCLUDED.url;
+
+-- name: movein_webhooks
+-- Endpoint ids are this cell's own; a new endpoint's breaker starts closed.
+INSERT INTO webhook_endpoints (tenant_id, url, secret, max_concurrency)
+SELECT tenant_id, url, secret, max_concurrency
+  FROM json_populate_recordset(null::webhook_endpoints, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (tenant_id, url) DO UPDATE
+   SET secret = EXCLUDED.secret, max_concurrency = EXCLUDED.max_concurrency;
+
+-- name: movein_jobs
+-- A job running in the source is queued here: it runs again from its first
+-- unsaved step, with the same step idempotency keys, once the tenant is
+-- active here. Any other status is copied (a job finished there stays
+-- finished here).
+INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, attempts, max_attempts,
+                  estimate, run_after, expires_at, claim_epoch, claimed_by, lease_until,
+                  cancel_requested, redriven_from, redriven_to, last_error, error_code,
+                  created_at, started_at, finished_at)
+SELECT job_id, tenant_id, CASE WHEN status = 'running' THEN 'queued' ELSE status END, target,
+       step_count, payload, attempts, max_attempts, estimate, run_after, expires_at,
+       claim_epoch, NULL, NULL, cancel_requested, redriven_from, redriven_to, last_error,
+       error_code, created_at, started_at, finished_at
+  FROM json_populate_recordset(null::jobs, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (job_id) DO UPDATE
+   SET status = EXCLUDED.status, target = EXCLUDED.target, step_count = EXCLUDED.step_count,
+       payload = EXCLUDED.payload, attempts = EXCLUDED.attempts,
+       max_attempts = EXCLUDED.max_attempts, estimate = EXCLUDED.estimate,
+       run_after = EXCLUDED.run_after, expires_at = EXCLUDED.expires_at,
+       claim_epoch = EXCLUDED.claim_epoch, claimed_by = NULL, lease_until = NULL,
+       cancel_requested = EXCLUDED.cancel_requested, redriven_from = EXCLUDED.redriven_from,
+       redriven_to = EXCLUDED.redriven_to, last_error = EXCLUDED.last_error,
+       error_code = EXCLUDED.error_code, created_at = EXCLUDED.created_at,
+       started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at
+ WHERE jobs.tenant_id = EXCLUDED.tenant_id;
+
+-- name: movein_steps
+-- Only steps of this tenant's jobs already here: moves.py counts the rest
+-- and refuses the batch.
+INSERT INTO job_steps (job_id, step, idempotency_key, status, result, attempts, finished_at)
+SELECT r.job_id, r.step, r.idempotency_key, r.status, r.result, r.attempts, r.finished_at
+  FROM json_populate_recordset(null::job_steps, %(rows)s::json) r
+  JOIN jobs j ON j.job_id = r.job_id AND j.tenant_id = %(tenant_id)s
+ON CONFLICT (job_id, step) DO UPDATE
+   SET idempotency_key = EXCLUDED.idempotency_key, status = EXCLUDED.status,
+       result = EXCLUDED.result, attempts = EXCLUDED.attempts, finished_at = EXCLUDED.finished_at;
+
+-- name: movein_ledger
+-- Entry ids are this cell's own; (job, kind) stays unique across the move.
+INSERT INTO ledger (tenant_id, job_id, kind, amount, created_at)
+SELECT tenant_id, job_id, kind, amount, created_at
+  FROM json_populate_recordset(null::ledger, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (job_id, kind) DO NOTHING;
+
+-- name: movein_idempotency_keys
+INSERT INTO idempotency_keys (tenant_id, key, request_hash, job_id, status_code, response, created_at)
+SELECT tenant_id, key, request_hash, job_id, status_code, response, created_at
+  FROM json_populate_recordset(null::idempotency_keys, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (tenant_id, key) DO UPDATE
+   SET request_hash = EXCLUDED.request_hash, job_id = EXCLUDED.job_id,
+       status_code = EXCLUDED.status_code, response = EXCLUDED.response,
+       created_at = EXCLUDED.created_at;
+
+-- name: movein_outbox
+-- Unrelayed here: fanned out to this cell's endpoints once the tenant is
+-- active; receivers deduplicate by event id.
+INSERT INTO outbox (event_id, tenant_id, job_id, kind, payload, created_at)
+SELECT event_id, tenant_id, job_id, kind, payload, created_at
+  FROM json_populate_recordset(null::outbox, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (event_id) DO NOTHING;
+
+-- name: movein_delete_wallet
+DELETE FROM wallets WHERE tenant_id = %(tenant_id)s AND tenant_id = ANY(%(keys)s::text[]);
+
+-- name: movein_delete_rate_bucket
+DELETE FROM rate_buckets WHERE tenant_id = %(tenant_id)s AND tenant_id = ANY(%(keys)s::text[]);
+
+-- name: movein_delete_targets
+DELETE FROM targets WHERE tenant_id = %(tenant_id)s AND name = ANY(%(keys)s::text[]);
+
+-- name: movein_delete_webhooks
+DELETE FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s AND url = ANY(%(keys)s::text[]);
+
+-- name: movein_delete_jobs
+-- Their steps go by ON DELETE CASCADE.
+DELETE FROM jobs WHERE tenant_id = %(tenant_id)s AND job_id = ANY(%(keys)s::uuid[]);
+
+-- name: movein_delete_steps
+DELETE FROM job_steps s USING jobs j
+ WHERE j.job_id = s.job_id AND j.tenant_id = %(tenant_id)s AND s.job_id = ANY(%(keys)s::uuid[]);
+
+-- name: movein_delete_ledger
+DELETE FROM ledger WHERE tenant_id = %(tenant_id)s AND job_id = ANY(%(keys)s::uuid[]);
+
+-- name: movein_delete_idempotency_keys
+DELETE FROM idempotency_keys WHERE tenant_id = %(tenant_id)s AND key = ANY(%(keys)s::text[]);
+
+-- name: movein_delete_outbox
+-- Their deliveries and attempts go by ON DELETE CASCADE.
+DELETE FROM outbox WHERE tenant_id = %(tenant_id)s AND event_id = ANY(%(keys)s::uuid[]);
+
+-- name: activate_moved_in
+UPDATE tenants SET state = 'active', updated_at = now()
+ WHERE tenant_id = %(tenant_id)s AND state = 'frozen' AND move_id = %(move_id)s
+RETURNING tenant_id;
+
+-- name: move_checksums
+-- Count and an order-independent sum of row hashes per table, with one
+-- normalization on both sides: a source job running is counted as queued,
+-- claim fields and this cell's own ids (ledger entry, endpoint) are left
+-- out, and an event's relayed_at too (the target has not fanned it out).
+-- No sort and no join between the tables' aggregates: it runs inside the
+-- write pause. sum() of bigint adds in 128 bits, no numeric per row. The
+-- session's TimeZone and DateStyle are fixed by moves.checksums so that both
+-- sides print times alike.
+WITH jobs_in_scope AS MATERIALIZED (
+    SELECT * FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'queued'
+    UNION ALL
+    SELECT * FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'running'
+)
+SELECT 'jobs' AS table, count(*) AS rows, coalesce(sum(hashtextextended(ROW(j.job_id, j.tenant_id,
+           'queued', j.target, j.step_count, j.payload, j.attempts, j.max_attempts, j.estimate,
+           j.run_after, j.expires_at, j.cancel_requested, j.redriven_from, j.redriven_to,
+           j.last_error, j.error_code, j.created_at, j.started_at, j.finished_at)::text, 0)), 0)::text
+           AS checksum
+  FROM jobs_in_scope j
+UNION ALL
+SELECT 'steps', count(*), coalesce(sum(hashtextextended(s::text, 0)), 0)::text
+  FROM job_steps s WHERE s.job_id IN (SELECT job_id FROM jobs_in_scope)
+UNION ALL
+SELECT 'ledger', count(*), coalesce(sum(hashtextextended(ROW(l.tenant_id, l.job_id, l.kind, l.amount,
+           l.created_at)::text, 0)), 0)::text
+  FROM ledger l WHERE l.tenant_id = %(tenant_id)s AND l.job_id IN (SELECT job_id FROM jobs_in_scope)
+UNION ALL
+SELECT 'wallet', count(*), coalesce(sum(hashtextextended(w::text, 0)), 0)::text
+  FROM wallets w WHERE w.tenant_id = %(tenant_id)s
+UNION ALL
+SELECT 'idempotency_keys', count(*), coalesce(sum(hashtextextended(k::text, 0)), 0)::text
+  FROM idempotency_keys k WHERE k.tenant_id = %(tenant_id)s
+UNION ALL
+SELECT 'outbox', count(*), coalesce(sum(hashtextextended(ROW(o.event_id, o.tenant_id, o.job_id, o.kind,
+           o.payload, o.created_at)::text, 0)), 0)::text
+  FROM outbox o
+ WHERE o.tenant_id = %(tenant_id)s
+   AND (o.relayed_at IS NULL OR EXISTS (
+        SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending'))
+UNION ALL
+SELECT 'targets', count(*), coalesce(sum(hashtextextended(g::text, 0)), 0)::text
+  FROM targets g WHERE g.tenant_id = %(tenant_id)s
+UNION ALL
+SELECT 'webhooks', count(*), coalesce(sum(hashtextextended(ROW(e.url, e.secret, e.max_concurrency)::text,
+           0)), 0)::text
+  FROM webhook_endpoints e WHERE e.tenant_id = %(tenant_id)s;
