@@ -1,4 +1,5 @@
-"""The operator's client of a cell's admin API: tenants, quotas, targets and webhooks.
+"""The operator's client of a cell's admin API: tenants, quotas, targets and webhooks,
+and the steps of a tenant move (cells/cellplane_cells/moves.py has their contract).
 
 Every call is idempotent (PUT, or DELETE answering 204 when already gone), so a
 reconcile that is repeated after a crash repeats them safely.
@@ -38,13 +39,96 @@ class CellAdminClient:
         await self._call("DELETE", f"{admin}/admin/v1/tenants/{tenant_id}", token, None,
                          params={"policy": "purge" if purge else "retain"})
 
+    # -- moves: the source ("move out") ----------------------------------------------
+
+    async def start_move_out(self, admin: str, token: str, tenant_id: str, move_id: str
+                             ) -> dict[str, int]:
+        """Switches the source's change capture on; answers the rows to copy per table."""
+        found = await self._json("POST", f"{admin}/admin/v1/tenants/{tenant_id}/move-out", token,
+                                 {"move_id": move_id})
+        return {str(k): int(v) for k, v in (found.get("tables") or {}).items()}
+
+    async def move_out_rows(self, admin: str, token: str, tenant_id: str, table: str,
+                            after: str | None, limit: int) -> tuple[list[Any], str | None]:
+        params = {"table": table, "limit": str(limit), **({"after": after} if after else {})}
+        found = await self._json("GET", f"{admin}/admin/v1/tenants/{tenant_id}/move-out/rows",
+                                 token, None, params=params)
+        return list(found.get("rows") or []), found.get("next")
+
+    async def move_out_changes(self, admin: str, token: str, tenant_id: str, after: int,
+                               limit: int) -> dict[str, Any]:
+        """{"rows": {table: [...]}, "deletes": {table: [...]}, "last_seq", "pending"}."""
+        return await self._json("GET", f"{admin}/admin/v1/tenants/{tenant_id}/move-out/changes",
+                                token, None, params={"after": str(after), "limit": str(limit)})
+
+    async def freeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
+                              epoch: int) -> None:
+        await self._json("POST", f"{admin}/admin/v1/tenants/{tenant_id}/move-out:freeze", token,
+                         {"move_id": move_id, "epoch": epoch})
+
+    async def unfreeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
+                                epoch: int) -> None:
+        await self._json("POST", f"{admin}/admin/v1/tenants/{tenant_id}/move-out:unfreeze", token,
+                         {"move_id": move_id, "epoch": epoch})
+
+    async def finish_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
+                              retain_seconds: int) -> None:
+        await self._json("POST", f"{admin}/admin/v1/tenants/{tenant_id}/move-out:finish", token,
+                         {"move_id": move_id, "retain_seconds": retain_seconds})
+
+    async def cancel_move_out(self, admin: str, token: str, tenant_id: str, move_id: str) -> None:
+        await self._call("DELETE", f"{admin}/admin/v1/tenants/{tenant_id}/move-out", token, None,
+                         params={"move_id": move_id})
+
+    # -- moves: the target ("move in") and both --------------------------------------
+
+    async def move_in(self, admin: str, token: str, tenant_id: str, move_id: str, epoch: int, *,
+                      rows: dict[str, list[Any]], deletes: dict[str, list[Any]] | None = None
+                      ) -> dict[str, int]:
+        found = await self._json("POST", f"{admin}/admin/v1/tenants/{tenant_id}/move-in", token,
+                                 {"move_id": move_id, "epoch": epoch, "rows": rows,
+                                  "deletes": deletes or {}}, timeout=120.0)
+        return {str(k): int(v) for k, v in (found.get("applied") or {}).items()}
+
+    async def activate_move_in(self, admin: str, token: str, tenant_id: str, move_id: str) -> None:
+        await self._json("POST", f"{admin}/admin/v1/tenants/{tenant_id}/move-in:activate", token,
+                         {"move_id": move_id})
+
+    async def cancel_move_in(self, admin: str, token: str, tenant_id: str, move_id: str) -> None:
+        await self._call("DELETE", f"{admin}/admin/v1/tenants/{tenant_id}/move-in", token, None,
+                         params={"move_id": move_id})
+
+    async def checksums(self, admin: str, token: str, tenant_id: str) -> dict[str, dict[str, Any]]:
+        found = await self._json("GET", f"{admin}/admin/v1/tenants/{tenant_id}/checksums", token,
+                                 None, timeout=60.0)
+        return {str(k): dict(v) for k, v in (found.get("tables") or {}).items()}
+
     async def _call(self, method: str, url: str, token: str, body: dict[str, Any] | None, *,
                     params: dict[str, str] | None = None) -> None:
+        await self._request(method, url, token, body, params=params)
+
+    async def _json(self, method: str, url: str, token: str, body: dict[str, Any] | None, *,
+                    params: dict[str, str] | None = None, timeout: float | None = None
+                    ) -> dict[str, Any]:
+        response = await self._request(method, url, token, body, params=params, timeout=timeout)
+        try:
+            found = response.json()
+        except ValueError:
+            raise CellApiError(f"{method} {url}: the answer is not JSON: {response.text[:200]}") from None
+        if not isinstance(found, dict):
+            raise CellApiError(f"{method} {url}: the answer is not an object")
+        return found
+
+    async def _request(self, method: str, url: str, token: str, body: dict[str, Any] | None, *,
+                       params: dict[str, str] | None = None, timeout: float | None = None
+                       ) -> httpx.Response:
         try:
             response = await self._http.request(
-                method, url, json=body, params=params, headers={"Authorization": f"Bearer {token}"})
+                method, url, json=body, params=params, headers={"Authorization": f"Bearer {token}"},
+                timeout=self._http.timeout if timeout is None else httpx.Timeout(timeout))
         except httpx.HTTPError as error:
             raise CellApiError(f"{method} {url}: {error!r}") from None
         if response.status_code >= 300:
             raise CellApiError(f"{method} {url}: {response.status_code} {response.text[:300]}",
                                status=response.status_code)
+        return response

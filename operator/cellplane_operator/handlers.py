@@ -52,3 +52,10 @@ async def tenant_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     runtime: RegionRuntime | None = memo.get("runtime")
     if runtime is not None:
         runtime.observe_tenant(event.get("type"), dict(event["object"]))
+
+
+@kopf.on.event(GROUP, VERSION, "tenantmoves")
+async def tenant_move_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    runtime: RegionRuntime | None = memo.get("runtime")
+    if runtime is not None:
+        runtime.observe_move(event.get("type"), dict(event["object"]))

@@ -115,3 +115,9 @@ def test_verification_names_every_table_that_differs() -> None:
 def test_a_new_leader_resumes_from_the_placement_record(
         phase: MovePhase, record: RecordView | None, expected: Resume) -> None:
     assert resume(phase, record, source="a", target="b") is expected
+
+
+def test_only_refusals_the_world_can_lift_keep_a_move_waiting() -> None:
+    waiting = {reason for reason in RefusalReason if reason.waits}
+    assert waiting == {RefusalReason.NO_SUCH_CELL, RefusalReason.NOT_READY,
+                       RefusalReason.NO_CAPACITY, RefusalReason.NOT_PLACED}

@@ -49,3 +49,12 @@ def test_ready_tenant_reports_endpoint_secret_and_effective_quotas() -> None:
     assert status["quotas"] == {"maxRunningJobs": 20, "jobsPerSecond": 1.0, "burst": 60,
                                 "dailySpendLimit": 1_000_000_000}
     assert by_type(status)["Moving"]["status"] == "False"
+
+
+def test_a_move_under_way_shows_as_the_moving_condition() -> None:
+    progress = TenantProgress("Ready", "Provisioned", "", cell="a", epoch=2,
+                              moving="acme-to-b: CatchingUp to cell b")
+    status = plan_tenant_status(progress, generation=1, current_conditions=[], now=NOW)
+    moving = by_type(status)["Moving"]
+    assert (moving["status"], moving["reason"]) == ("True", "MoveInProgress")
+    assert "acme-to-b: CatchingUp to cell b" in moving["message"]

@@ -56,6 +56,14 @@ class RefusalReason(StrEnum):
     TENANT_DELETING = "TenantDeleting"
     NOT_PLACED = "TenantNotPlaced"
 
+    @property
+    def waits(self) -> bool:
+        """A refusal the world may lift (the cell gets ready, room is made, the cell or
+        the tenant's placement appears): the move stays Pending and is asked again, as
+        a Pod waits to be scheduled. The others end it: nothing can make them pass."""
+        return self in (RefusalReason.NO_SUCH_CELL, RefusalReason.NOT_READY,
+                        RefusalReason.NO_CAPACITY, RefusalReason.NOT_PLACED)
+
 
 @dataclass(frozen=True)
 class MoveRequest:

@@ -34,6 +34,8 @@ class TenantProgress:
     api_key_secret: str | None = None
     quotas: Quotas | None = None
     cell_degraded: bool = False
+    moving: str | None = None
+    """What a TenantMove under way says ("acme-to-b: CatchingUp to cell b"); None if none."""
 
 
 def plan_tenant_status(progress: TenantProgress, *, generation: int,
@@ -55,8 +57,10 @@ def plan_tenant_status(progress: TenantProgress, *, generation: int,
         "Degraded", progress.cell_degraded, "CellDegraded" if progress.cell_degraded else "CellHealthy",
         f"cell {progress.cell} lost redundancy" if progress.cell_degraded
         else "the tenant's cell has full redundancy"), now=now)
-    conditions = set_condition(conditions, condition("Moving", False, "NoMove",
-                                                     "no TenantMove in progress"), now=now)
+    conditions = set_condition(conditions, condition(
+        "Moving", progress.moving is not None, "MoveInProgress" if progress.moving else "NoMove",
+        f"TenantMove {progress.moving}" if progress.moving else "no TenantMove in progress"),
+        now=now)
     status: dict[str, Any] = {"phase": progress.phase, "observedGeneration": generation,
                               "conditions": conditions}
     for key, value in (("cell", progress.cell), ("epoch", progress.epoch),

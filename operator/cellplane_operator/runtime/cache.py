@@ -19,6 +19,9 @@ class ObjectCache:
         default_factory=list)
     """Called with (name, the body before, the body now); None for absent."""
     on_tenant: list[Callable[[TenantKey], None]] = field(default_factory=list)
+    moves: dict[TenantKey, dict[str, Any]] = field(default_factory=dict)
+    """TenantMoves by (namespace, name): the same key shape as tenants."""
+    on_move: list[Callable[[TenantKey], None]] = field(default_factory=list)
 
     def observe_cell(self, event_type: str | None, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
@@ -41,4 +44,14 @@ class ObjectCache:
         else:
             self.tenants[key] = body
         for callback in self.on_tenant:
+            callback(key)
+
+    def observe_move(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        key = TenantKey(meta["namespace"], meta["name"])
+        if event_type == "DELETED":
+            self.moves.pop(key, None)
+        else:
+            self.moves[key] = body
+        for callback in self.on_move:
             callback(key)

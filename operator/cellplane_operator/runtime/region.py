@@ -24,6 +24,7 @@ from cellplane_operator.placement.election import Leadership
 from cellplane_operator.runtime.cache import ObjectCache
 from cellplane_operator.runtime.cellsite import CellSiteRunner
 from cellplane_operator.runtime.context import RegionContext
+from cellplane_operator.runtime.moves import MoveController
 from cellplane_operator.runtime.specs import CellSettings
 from cellplane_operator.runtime.tenants import TenantController
 from cellplane_operator.settings import OperatorSettings
@@ -45,6 +46,7 @@ class RegionRuntime:
         self._sites: dict[str, tuple[CellSiteRunner, asyncio.Event, asyncio.Task[None]]] = {}
         self.ctx: RegionContext | None = None
         self.tenants: TenantController | None = None
+        self.moves: MoveController | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -64,8 +66,12 @@ class RegionRuntime:
         cache.on_tenant.append(self.tenants.tenant_changed)
         cache.on_cell.append(self._cell_changed)
         cache.on_cell.append(self.tenants.cell_changed)
+        self.moves = MoveController(self.ctx, leadership, self.tenants)
+        cache.on_move.append(self.moves.move_changed)
+        cache.on_tenant.append(self.moves.tenant_changed)
         self._tasks = [asyncio.create_task(leadership.run(self._stop), name="election"),
-                       asyncio.create_task(self.tenants.run(self._stop), name="tenants")]
+                       asyncio.create_task(self.tenants.run(self._stop), name="tenants"),
+                       asyncio.create_task(self.moves.run(self._stop), name="moves")]
         log.info("regional operator for %s up (member %s, etcd %s)", settings.region, member,
                  ",".join(settings.etcd_endpoints))
 
@@ -76,6 +82,10 @@ class RegionRuntime:
     def observe_tenant(self, event_type: str | None, body: dict[str, Any]) -> None:
         if self.ctx is not None:
             self.ctx.cache.observe_tenant(event_type, body)
+
+    def observe_move(self, event_type: str | None, body: dict[str, Any]) -> None:
+        if self.ctx is not None:
+            self.ctx.cache.observe_move(event_type, body)
 
     def _cell_changed(self, name: str, _before: dict[str, Any] | None,
                       body: dict[str, Any] | None) -> None:

@@ -26,6 +26,7 @@ from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads,
     dedicated_cell_name, place, tenant_id,
 )
+from cellplane_operator.domain.moves import MOVING_PHASES
 from cellplane_operator.domain.routing import KEY_PREFIX
 from cellplane_operator.domain.tenants import TenantProgress, plan_tenant_status
 from cellplane_operator.errors import CellplaneError, KubeConflictError
@@ -280,6 +281,61 @@ class TenantController:
         self._load_changed(stored.record.cell)
         return stored
 
+    # -- what the move controller shares ------------------------------------------------
+
+    def record(self, key: TenantKey) -> Stored | None:
+        """The tenant's placement record as this leader last read or wrote it."""
+        return self._records.get(key)
+
+    async def refresh(self, key: TenantKey, *, reconcile: bool = True) -> Stored | None:
+        """The record as etcd holds it now, remembered; the tenant is reconciled again."""
+        stored = await self._store.read(key)
+        if stored is None:
+            self._records.pop(key, None)
+        else:
+            self._records[key] = stored
+        if reconcile:
+            self.tenant_changed(key)
+        return stored
+
+    async def replace_record(self, key: TenantKey, stored: Stored, record: PlacementRecord) -> Stored:
+        """Compare-and-swap of the record at the revision ``stored`` was read at.
+
+        A record changed meanwhile (a quota update moved ``maxRunning``) is read
+        again and the change re-applied once if it still concerns the same cell
+        and epoch; anything else is a conflict for the caller to look at.
+        """
+        for _ in range(2):
+            if await self._store.replace(key, record, mod_revision=stored.mod_revision,
+                                         guard=self._leadership.guard()):
+                fresh = await self.refresh(key)
+                if fresh is None:
+                    raise CellplaneError(f"the placement record of {key} vanished after a write")
+                for cell in {stored.record.cell, record.cell}:
+                    self._load_changed(cell)
+                return fresh
+            current = await self.refresh(key)
+            if current is None or (current.record.cell, current.record.epoch) != (
+                    stored.record.cell, stored.record.epoch):
+                break
+            record = replace(record, max_running=current.record.max_running)
+            stored = current
+        raise CellplaneError(f"the placement record of {key} changed under the move; "
+                             "looking again")
+
+    def _moves_under_way(self, key: TenantKey, *, described: bool = False) -> list[str]:
+        found: list[str] = []
+        for (namespace, name), move in self._ctx.cache.moves.items():
+            status = move.get("status") or {}
+            if namespace == key.namespace and (move.get("spec") or {}).get("tenant") == key.name \
+                    and status.get("phase") in MOVING_PHASES:
+                found.append(f"{name}: {status['phase']} to cell {status.get('targetCell')}"
+                             if described else name)
+        return sorted(found)
+
+    def candidates(self) -> list[CellCandidate]:
+        return self._candidates()
+
     def _candidates(self) -> list[CellCandidate]:
         loads = cell_loads([(s.record.cell, s.record.max_running) for s in self._records.values()])
         candidates: list[CellCandidate] = []
@@ -389,8 +445,7 @@ class TenantController:
 
     async def _update_record(self, key: TenantKey, stored: Stored, max_running: int) -> None:
         record = stored.record
-        updated = PlacementRecord(cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id,
-                                  uid=record.uid, max_running=max_running)
+        updated = replace(record, max_running=max_running)
         if await self._store.replace(key, updated, mod_revision=stored.mod_revision,
                                      guard=self._leadership.guard()):
             fresh = await self._store.read(key)
@@ -402,6 +457,14 @@ class TenantController:
         if FINALIZER not in (body["metadata"].get("finalizers") or []):
             return
         tenant = TenantSettings.from_body(body)
+        if moving := self._moves_under_way(key):
+            # The move sees the deletion and aborts (or, past its commit, finishes):
+            # removing the tenant from a cell it is leaving would race the copy.
+            await self._report(key, body, TenantProgress(
+                "Deleting", "MoveInProgress",
+                f"waiting for TenantMove {', '.join(moving)} to end before removing the tenant"))
+            self._retry_later(key)
+            return
         purge = tenant.deletion_policy == "Delete"
         stored = self._records.get(key)
         if stored is not None:
@@ -504,6 +567,8 @@ class TenantController:
     # -- reporting -------------------------------------------------------------------
 
     async def _report(self, key: TenantKey, body: dict[str, Any], progress: TenantProgress) -> None:
+        if progress.moving is None and (moves := self._moves_under_way(key, described=True)):
+            progress = replace(progress, moving="; ".join(moves))
         current = body.get("status") or {}
         status = plan_tenant_status(progress, generation=int(body["metadata"].get("generation", 0)),
                                     current_conditions=current.get("conditions") or [],

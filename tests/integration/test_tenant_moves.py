@@ -1,0 +1,407 @@
+"""Tenant moves between cells, for real: an operator, two shared cells, the router and a
+client submitting jobs through it all along.
+
+What must hold: after a move every acknowledged job exists exactly once in the target
+(by idempotency key), the money adds up, no step ran twice under different keys, and
+the measured pause is within the budget; an abort leaves the source untouched; a
+source worker paused across the cutover writes nothing after it; an operator killed in
+any phase is replaced by one that finishes or undoes the move, never half of it; a
+move that may not start starts nothing and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from starlette.responses import JSONResponse, Response
+
+from cellplane_operator.localplane import LocalControlPlane
+from cellplane_operator.localplane.process import wait_for
+from cellplane_operator.placement.records import TenantKey
+from cellplane_operator.sites.state import SiteLayout, SiteState
+from httpservers import Call, RecordingServer
+from loadclient import Load
+from regionplane import RegionPlane, cell, cell_database, condition, db_rows, ready, ready_cell, \
+    records, secret_data, tenant
+
+TERMINAL = ("Completed", "Aborted", "Failed")
+FAILPOINT_EXIT = 86
+
+
+@pytest.fixture(scope="module")
+def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
+    regions = RegionPlane(kube)
+    regions.start_operator("region-a")
+    try:
+        yield regions
+    finally:
+        regions.close()
+
+
+@pytest.fixture(scope="module")
+def router(plane: RegionPlane) -> Iterator[str]:
+    process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=30)
+    try:
+        yield url
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[RecordingServer]:
+    with RecordingServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cells(plane: RegionPlane) -> tuple[str, str]:
+    # Room for every tenant of the module in either cell (20 worker slots each).
+    ready_cell(plane, "move-a", tenants=20, slots=400)
+    ready_cell(plane, "move-b", tenants=20, slots=400)
+    return "move-a", "move-b"
+
+
+def _tenant(plane: RegionPlane, name: str, cell_name: str, target: RecordingServer,
+            **quotas: int) -> tuple[str, str, str]:
+    """A tenant pinned to a cell, with a generous rate; (namespace, tenant id, api key)."""
+    namespace = plane.namespace(f"ns-{name}")
+    plane.apply(tenant(name, namespace, plan="enterprise", cell=cell_name,
+                       quotas={"jobsPerSecond": 200, "burst": 500, **quotas},
+                       targets=[{"name": "default", "url": f"{target.url}/run"}]))
+    plane.await_status("tenant", name, ready, namespace=namespace, timeout=120)
+    api_key = (secret_data(plane, namespace, f"{name}-api-key") or {})["api-key"]
+    return namespace, api_key.removeprefix("cpk_").split(".")[0], api_key
+
+
+def _move(plane: RegionPlane, name: str, namespace: str, tenant_name: str, to: str,
+          **spec: Any) -> None:
+    plane.apply({"apiVersion": "cellplane.io/v1alpha1", "kind": "TenantMove",
+                 "metadata": {"name": name, "namespace": namespace},
+                 "spec": {"tenant": tenant_name, "targetCell": to, **spec}})
+
+
+def _ended(plane: RegionPlane, name: str, namespace: str, timeout: float = 180) -> dict[str, Any]:
+    return plane.await_status("tenantmove", name, lambda s: s.get("phase") in TERMINAL,
+                              namespace=namespace, timeout=timeout, what=f"move {name} to end")
+
+
+def _events(plane: RegionPlane, namespace: str, name: str) -> list[str]:
+    printed = plane.kube.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                 f"involvedObject.name={name}", "-o",
+                                 "jsonpath={range .items[*]}{.reason}{'\\n'}{end}")
+    return [line for line in printed.stdout.splitlines() if line]
+
+
+def _state(conninfo: str, tenant_id: str) -> tuple[str, int] | None:
+    found = db_rows(conninfo, "SELECT state, epoch FROM tenants WHERE tenant_id = %s", tenant_id)
+    return (str(found[0][0]), int(found[0][1])) if found else None
+
+
+def _tenant_checksum(conninfo: str, tenant_id: str) -> list[tuple[Any, ...]]:
+    """Every row of the tenant in one cell, as text: what "untouched" compares."""
+    return db_rows(conninfo, """
+        SELECT 'jobs', count(*), md5(coalesce(string_agg(j::text, ',' ORDER BY job_id), ''))
+          FROM jobs j WHERE tenant_id = %s
+        UNION ALL
+        SELECT 'steps', count(*), md5(coalesce(string_agg(s::text, ',' ORDER BY s.job_id, s.step), ''))
+          FROM job_steps s JOIN jobs j USING (job_id) WHERE j.tenant_id = %s
+        UNION ALL
+        SELECT 'ledger', count(*), md5(coalesce(string_agg(l::text, ',' ORDER BY entry_id), ''))
+          FROM ledger l WHERE tenant_id = %s
+        UNION ALL
+        SELECT 'wallet', count(*), md5(coalesce(string_agg(w::text, ','), ''))
+          FROM wallets w WHERE tenant_id = %s
+        """, tenant_id, tenant_id, tenant_id, tenant_id)
+
+
+def _seed_queued(conninfo: str, tenant_id: str, count: int) -> None:
+    """Jobs due in an hour (so none runs during the test), written as the cell's owner."""
+    epoch = db_rows(conninfo, "SELECT epoch FROM placement_group")[0][0]
+    with psycopg.connect(conninfo) as conn:
+        conn.execute(f"SET cellplane.epoch = '{epoch}'")
+        conn.execute("""
+            WITH made AS (
+                INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload,
+                                  max_attempts, estimate, run_after)
+                SELECT gen_random_uuid(), %s, 'queued', 'default', 2, %s, 3, 0,
+                       now() + interval '1 hour'
+                  FROM generate_series(1, %s)
+                RETURNING job_id)
+            INSERT INTO job_steps (job_id, step, idempotency_key, status)
+            SELECT job_id, n, job_id || '/' || n, 'pending' FROM made, generate_series(1, 2) n
+            """, (tenant_id, Jsonb({"seeded": True}), count))
+        conn.commit()
+
+
+def _all_succeeded(conninfo: str, tenant_id: str, job_ids: set[str]) -> bool:
+    done = {str(row[0]) for row in db_rows(
+        conninfo, "SELECT job_id FROM jobs WHERE tenant_id = %s AND status = 'succeeded'",
+        tenant_id)}
+    return job_ids <= done
+
+
+# -- the move under load ----------------------------------------------------------------
+
+
+def test_a_move_under_load_loses_and_doubles_nothing(
+        plane: RegionPlane, router: str, target: RecordingServer, cells: tuple[str, str]) -> None:
+    source, destination = cells
+    namespace, tenant_id, api_key = _tenant(plane, "mover", source, target)
+    source_db, target_db = cell_database(plane, source), cell_database(plane, destination)
+    load = Load(router, api_key, f"mover-{uuid.uuid4().hex[:6]}").start()
+    try:
+        load.wait_for(60)
+        epoch_before = records(plane)[TenantKey(namespace, "mover")].epoch
+        _move(plane, "mover-to-b", namespace, "mover", destination, maxWritePauseSeconds=2)
+        status = _ended(plane, "mover-to-b", namespace)
+        load.wait_for(60, timeout=90)
+    finally:
+        load.finish()
+
+    assert status["phase"] == "Completed", status
+    assert condition(status, "Completed")["status"] == "True"
+    assert condition(status, "Accepted")["reason"] == "Admitted"
+    pause = float(status["progress"]["pauseSeconds"])
+    assert 0 < pause <= 2.0, status["progress"]
+    record = records(plane)[TenantKey(namespace, "mover")]
+    assert (record.cell, record.epoch, record.moving) == (destination, epoch_before + 1, False)
+    # The source keeps the old rows, fenced; the target serves under the new epoch.
+    assert _state(source_db, tenant_id) == ("moved", epoch_before + 1)
+    assert _state(target_db, tenant_id) == ("active", epoch_before + 1)
+
+    # Every acknowledged job exists exactly once, under its key, in the target.
+    keys = dict(db_rows(target_db, "SELECT key, job_id::text FROM idempotency_keys "
+                                   "WHERE tenant_id = %s", tenant_id))
+    assert {k: keys.get(k) for k in load.acknowledged} == load.acknowledged
+    acknowledged = set(load.acknowledged.values())
+    assert len(acknowledged) == len(load.acknowledged)
+    # Each ends: in the target, or in the source if it finished before it was copied.
+    def finished() -> bool:
+        in_target = {str(r[0]) for r in db_rows(
+            target_db, "SELECT job_id FROM jobs WHERE tenant_id = %s AND status = 'succeeded'",
+            tenant_id)}
+        in_source = {str(r[0]) for r in db_rows(
+            source_db, "SELECT job_id FROM jobs WHERE tenant_id = %s AND status = 'succeeded'",
+            tenant_id)}
+        return acknowledged <= in_target | in_source
+    wait_for(finished, timeout=120, what="every acknowledged job to succeed")
+    assert not db_rows(target_db, "SELECT job_id FROM jobs WHERE tenant_id = %s AND status <> "
+                                  "'succeeded'", tenant_id)
+
+    # Money: one reserve per job; one settle per succeeded job; nothing paid twice.
+    for conninfo in (source_db, target_db):
+        assert not db_rows(conninfo, "SELECT job_id, kind FROM ledger WHERE tenant_id = %s "
+                                     "GROUP BY 1, 2 HAVING count(*) > 1", tenant_id)
+    settled = {str(r[0]) for db in (source_db, target_db) for r in db_rows(
+        db, "SELECT job_id FROM ledger WHERE tenant_id = %s AND kind = 'settle'", tenant_id)}
+    assert settled == acknowledged
+    wallet = db_rows(target_db, "SELECT reserved FROM wallets WHERE tenant_id = %s", tenant_id)
+    assert wallet == [(0,)]
+
+    # Steps: each key reached the target server under one job; a step in flight at the
+    # freeze may be called again by the target cell, with the same key.
+    calls = Counter(call.headers.get("idempotency-key") for call in target.snapshot()
+                    if call.path == "/run")
+    repeated = {key for key, count in calls.items() if count > 1}
+    steps_of_acknowledged = {key for key in calls if key and key.split("/")[0] in acknowledged}
+    assert steps_of_acknowledged, "the load's steps never reached the target server"
+    assert len(repeated) <= 40, f"{len(repeated)} steps ran more than once: {sorted(repeated)[:5]}"
+
+    reasons = _events(plane, namespace, "mover-to-b")
+    for reason in ("Started", "CatchingUp", "CuttingOver", "Completed"):
+        assert reason in reasons, reasons
+
+
+# -- abort ---------------------------------------------------------------------------------
+
+
+def test_an_abort_during_the_copy_leaves_the_source_untouched(
+        plane: RegionPlane, target: RecordingServer, cells: tuple[str, str]) -> None:
+    source, destination = cells
+    namespace, tenant_id, _ = _tenant(plane, "stayer", source, target)
+    source_db, target_db = cell_database(plane, source), cell_database(plane, destination)
+    _seed_queued(source_db, tenant_id, 60_000)
+    before = _tenant_checksum(source_db, tenant_id)
+    record_before = records(plane)[TenantKey(namespace, "stayer")]
+
+    _move(plane, "stayer-to-b", namespace, "stayer", destination)
+    plane.await_status("tenantmove", "stayer-to-b",
+                       lambda s: s.get("phase") == "Copying"
+                       and int((s.get("progress") or {}).get("rowsCopied") or 0) > 0,
+                       namespace=namespace, timeout=60, what="the copy to begin")
+    plane.kube.kubectl("patch", "tenantmove", "stayer-to-b", "-n", namespace, "--type=merge",
+                       "-p", '{"spec": {"abort": true}}')
+    status = _ended(plane, "stayer-to-b", namespace)
+
+    assert status["phase"] == "Aborted", status
+    assert condition(status, "Completed")["reason"] == "Aborted"
+    assert "Aborted" in _events(plane, namespace, "stayer-to-b")
+    assert _state(target_db, tenant_id) is None
+    assert not db_rows(target_db, "SELECT 1 FROM jobs WHERE tenant_id = %s", tenant_id)
+    assert _state(source_db, tenant_id) == ("active", record_before.epoch)
+    assert _tenant_checksum(source_db, tenant_id) == before
+    assert db_rows(source_db, "SELECT capturing FROM tenants WHERE tenant_id = %s",
+                   tenant_id) == [(False,)]
+    assert records(plane)[TenantKey(namespace, "stayer")] == record_before
+
+
+# -- a stale source worker ---------------------------------------------------------------
+
+
+def test_a_source_worker_paused_across_the_cutover_writes_nothing_after_it(
+        plane: RegionPlane, cells: tuple[str, str]) -> None:
+    plane.apply(cell("move-c", tenants=2, slots=4, driver={"allowPrivateTargets": True,
+                                                 "workerProcesses": 1}))
+    plane.await_status("cell", "move-c", lambda s: ready(s) and bool(s.get("endpoints")),
+                       timeout=120)
+    release = threading.Event()
+
+    async def held(call: Call) -> Response:
+        while not release.is_set():
+            await asyncio.sleep(0.05)
+        return JSONResponse({"ok": True})
+
+    in_step = RecordingServer(respond=held).start()
+    try:
+        namespace, tenant_id, api_key = _tenant(plane, "sleeper", "move-c", in_step,
+                                                maxRunningJobs=1)
+        source_db, target_db = cell_database(plane, "move-c"), cell_database(plane, cells[1])
+        answer = httpx.post(f"{_api(plane, 'move-c')}/v1/jobs",
+                            json={"target": "default", "payload": {}},
+                            headers={"Authorization": f"Bearer {api_key}",
+                                     "Idempotency-Key": "held-1"}, timeout=10)
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["job_id"]
+        wait_for(lambda: any(c.path == "/run" for c in in_step.snapshot()), timeout=30,
+                 what="the worker to call the step")
+        worker = _worker_pid(plane, "move-c")
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            _move(plane, "sleeper-to-b", namespace, "sleeper", cells[1])
+            status = _ended(plane, "sleeper-to-b", namespace)
+            assert status["phase"] == "Completed", status
+            frozen = _tenant_checksum(source_db, tenant_id)
+            # The target runs the job again from its last saved step, same step key.
+            release.set()
+            wait_for(lambda: _all_succeeded(target_db, tenant_id, {job_id}), timeout=60,
+                     what="the target to finish the job")
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        # The woken worker's step result and finish are refused by the source database.
+        refused = f"job {job_id}: its tenant is being moved, abandoning it"
+        wait_for(lambda: refused in _worker_log(plane, "move-c"), timeout=30,
+                 what="the woken worker to be refused by the source database")
+        assert _tenant_checksum(source_db, tenant_id) == frozen
+        assert db_rows(source_db, "SELECT status FROM jobs WHERE job_id = %s", job_id) == [
+            ("running",)]
+        keys = {c.headers.get("idempotency-key") for c in in_step.snapshot() if c.path == "/run"}
+        assert keys == {f"{job_id}/1"}
+    finally:
+        release.set()
+        in_step.stop()
+
+
+def _api(plane: RegionPlane, cell_name: str) -> str:
+    found = plane.get("cell", cell_name) or {}
+    return str(((found.get("status") or {}).get("endpoints") or {})["api"])
+
+
+def _site(plane: RegionPlane, cell_name: str) -> SiteLayout:
+    return SiteLayout(plane.state_dir("region-a") / f"{cell_name}@region-a")
+
+
+def _worker_pid(plane: RegionPlane, cell_name: str) -> int:
+    state = SiteState.load(_site(plane, cell_name))
+    assert state is not None
+    return state.processes["worker-0"].pid
+
+
+def _worker_log(plane: RegionPlane, cell_name: str) -> str:
+    path = _site(plane, cell_name).log("worker-0")
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+# -- the operator killed in each phase --------------------------------------------------
+
+
+@pytest.mark.parametrize("failpoint", ["move-copying", "move-catching-up", "move-after-freeze",
+                                       "move-verifying", "move-after-commit"])
+def test_an_operator_killed_in_any_phase_is_succeeded_by_one_that_ends_the_move(
+        plane: RegionPlane, router: str, target: RecordingServer, cells: tuple[str, str],
+        failpoint: str) -> None:
+    source, destination = cells
+    name = f"k-{failpoint.removeprefix('move-')}"
+    namespace, tenant_id, api_key = _tenant(plane, name, source, target)
+    source_db, target_db = cell_database(plane, source), cell_database(plane, destination)
+    load = Load(router, api_key, f"{name}-{uuid.uuid4().hex[:6]}").start()
+    try:
+        load.wait_for(20)
+        plane.operators["region-a"].stop()
+        dying = plane.start_operator("region-a", env={
+            "CELLPLANE_FAILPOINTS": f"{failpoint}@{name}-move"}, log_suffix=f"-{name}")
+        _move(plane, f"{name}-move", namespace, name, destination)
+        wait_for(lambda: dying.returncode is not None, timeout=120, what=f"the failpoint {failpoint}")
+        assert dying.returncode == FAILPOINT_EXIT
+        plane.start_operator("region-a", log_suffix=f"-after-{name}")
+        status = _ended(plane, f"{name}-move", namespace)
+        load.wait_for(20, timeout=90)
+    finally:
+        load.finish()
+
+    assert status["phase"] == "Completed", status
+    record = records(plane)[TenantKey(namespace, name)]
+    assert (record.cell, record.moving) == (destination, False)
+    assert _state(target_db, tenant_id)[0] == "active"  # type: ignore[index]
+    assert _state(source_db, tenant_id)[0] == "moved"  # type: ignore[index]
+    keys = dict(db_rows(target_db, "SELECT key, job_id::text FROM idempotency_keys "
+                                   "WHERE tenant_id = %s", tenant_id))
+    assert {k: keys.get(k) for k in load.acknowledged} == load.acknowledged
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def test_a_move_that_may_not_start_starts_nothing_and_says_why(
+        plane: RegionPlane, target: RecordingServer, cells: tuple[str, str]) -> None:
+    source, destination = cells
+    plane.apply(cell("move-full", tenants=1))
+    plane.apply(cell("move-dedicated", tier="dedicated", tenants=1))
+    plane.await_status("cell", "move-full", lambda s: ready(s) and bool(s.get("endpoints")),
+                       timeout=120)
+    namespace, tenant_id, _ = _tenant(plane, "picky", source, target)
+    _tenant(plane, "occupant", "move-full", target)
+    record_before = records(plane)[TenantKey(namespace, "picky")]
+
+    def refused(move_name: str, to: str, reason: str, phase: str) -> None:
+        _move(plane, move_name, namespace, "picky", to)
+        status = plane.await_status(
+            "tenantmove", move_name,
+            lambda s: condition(s, "Accepted").get("reason") == reason, namespace=namespace,
+            timeout=60, what=f"move {move_name} refused with {reason}")
+        assert status["phase"] == phase, status
+        assert condition(status, "Accepted")["status"] == "False"
+        assert reason in _events(plane, namespace, move_name)
+
+    # Nothing can make these pass: the move ends.
+    refused("picky-same", source, "TargetIsSource", "Failed")
+    refused("picky-tier", "move-dedicated", "TargetWrongTier", "Failed")
+    # These may pass later: the move waits, Pending, as a Pod waits to be scheduled.
+    refused("picky-full", "move-full", "TargetFull", "Pending")
+    plane.kube.kubectl("delete", "tenantmove", "picky-full", "-n", namespace)
+    refused("picky-nowhere", "no-such-cell", "TargetNotFound", "Pending")
+    # One move at a time: the waiting one came first.
+    refused("picky-second", destination, "AlreadyMoving", "Failed")
+    plane.kube.kubectl("delete", "tenantmove", "picky-nowhere", "-n", namespace)
+    assert records(plane)[TenantKey(namespace, "picky")] == record_before
+    assert _state(cell_database(plane, destination), tenant_id) is None
