@@ -295,16 +295,20 @@ class Regions:
             raise RuntimeError(f"no database in the site report of {cell} in {region}")
         return str(report.database.conninfo)
 
-    def make_cell(self, name: str, lease: Mapping[str, float]) -> dict[str, Any]:
-        """A cell homed in region-a with a standby in region-b, Ready with it streaming."""
+    def make_cell(self, name: str, lease: Mapping[str, float], *,
+                  standby: bool = True) -> dict[str, Any]:
+        """A cell homed in region-a with a standby in region-b (unless ``standby`` is
+        false), Ready with it streaming."""
         self.apply({"apiVersion": "cellplane.io/v1alpha1", "kind": "Cell",
                     "metadata": {"name": name},
-                    "spec": {"region": "region-a", "standbyRegions": ["region-b"],
+                    "spec": {"region": "region-a",
+                             "standbyRegions": ["region-b"] if standby else [],
                              "tier": "shared", "capacity": {"tenants": 10, "workerSlots": 40},
                              "lease": dict(lease), "driver": {"allowPrivateTargets": True}}})
         return self.await_status(name, lambda s: s.get("phase") == "Ready"
-                                 and redundant(s, "region-b"), timeout=300,
-                                 what=f"cell {name} Ready with a streaming standby")
+                                 and (not standby or redundant(s, "region-b")), timeout=300,
+                                 what=f"cell {name} Ready" + (" with a streaming standby"
+                                                              if standby else ""))
 
     def start_scene(self, cell: str, lease: Mapping[str, float], tenant: str,
                     watched: tuple[str, ...]) -> tuple[str, Load]:

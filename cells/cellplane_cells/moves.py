@@ -49,6 +49,10 @@ CHANGE_KINDS = frozenset(SCOPE_TABLES)
 
 _SINGLE_ROW = frozenset({"tenant", "wallet", "rate_bucket"})
 
+_BY_JOB_BLOCKS = frozenset({"steps", "ledger"})
+"""Tables paged by blocks of jobs: a page may hold a few rows more than its limit
+(every row of its last job), and may be short, or empty, before the end."""
+
 _DELETABLE = ("outbox", "idempotency_keys", "ledger", "steps", "jobs", "webhooks", "targets",
               "rate_bucket", "wallet")
 """Tables a target deletes keys from, rows pointing at others first."""
@@ -116,8 +120,11 @@ def plan_finish(tenant: TenantMoveState | None, move_id: str) -> bool:
     current = _same_move(tenant, move_id)
     if current.state == "moved":
         return False
-    if current.state != "frozen":
-        raise ConflictError("only a frozen tenant can finish its move out",
+    # Active too: the move is committed (in etcd) when this is asked, and a freeze can
+    # be lost with a primary that fell between the freeze and the commit (replication
+    # is asynchronous). The tenant is fenced here now, whatever it was.
+    if current.state not in ("frozen", "active"):
+        raise ConflictError(f"a {current.state} tenant cannot finish a move out",
                             code="tenant_not_frozen")
     return True
 
@@ -212,7 +219,9 @@ def start_move_out(conn: psycopg.Connection[Any], tenant_id: str, move_id: str) 
 
 def scope_page(conn: psycopg.Connection[Any], tenant_id: str, table: str, *, after: str | None,
                limit: int) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of the scope's ``table``; the cursor of the next page, None at the end."""
+    """One page of the scope's ``table``; the cursor of the next page, None at the end.
+
+    Steps and ledger rows come by blocks of jobs (``_BY_JOB_BLOCKS``)."""
     if table not in CHANGE_KINDS:
         raise InvalidRequestError(f"no table {table!r} in a move; one of {', '.join(SCOPE_TABLES)}",
                                   code="invalid_table")
@@ -222,12 +231,20 @@ def scope_page(conn: psycopg.Connection[Any], tenant_id: str, table: str, *, aft
         if exists is None:
             conn.commit()
             raise NotFoundError("the tenant is not in this cell")
-        rows = cursor.execute(query(f"page_{table}"), {
-            "tenant_id": tenant_id, "after": None if key is None else json.dumps(key),
-            "limit": limit}).fetchall()
+        params: dict[str, Any] = {"tenant_id": tenant_id, "limit": limit,
+                                  "after": None if key is None else json.dumps(key)}
+        if table in _BY_JOB_BLOCKS:
+            # A cursor of the per-row format ([at, job, sub]) may have stopped
+            # inside a job: that job is read again.
+            params["inclusive"] = key is not None and len(key) > 2
+        rows = cursor.execute(query(f"page_{table}"), params).fetchall()
     conn.commit()
     if table in _SINGLE_ROW:
         return ([r["row"] for r in rows] if key is None else []), None
+    if table in _BY_JOB_BLOCKS:
+        # The last row carries only the next cursor (page_steps, page_ledger).
+        last = rows[-1]["cursor"]
+        return [r["row"] for r in rows[:-1]], None if last is None else encode_cursor(last)
     following = encode_cursor(rows[-1]["cursor"]) if len(rows) == limit else None
     return [r["row"] for r in rows], following
 
@@ -364,10 +381,10 @@ def move_in(conn: psycopg.Connection[Any], tenant_id: str, *, move_id: str, epoc
             if not batch:
                 continue
             cursor.execute(query(_APPLY[table]), {**params, "rows": json.dumps(batch)})
-            if table == "steps" and cursor.rowcount < len(batch):
-                raise ConflictError("the batch carries steps of jobs not copied yet",
-                                    code="invalid_bundle")
-            applied[table] = len(batch)
+            # Steps of a job the bulk copy has not sent (it was submitted after the jobs
+            # were paged) are left out, not refused: the job's insert was captured with
+            # its steps, so the next round of changes brings both together.
+            applied[table] = cursor.rowcount if table == "steps" else len(batch)
     return applied
 
 
@@ -398,13 +415,9 @@ def checksums(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, dict[s
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
         if cursor.execute("SELECT 1 FROM tenants WHERE tenant_id = %s", (tenant_id,)).fetchone() is None:
             raise NotFoundError("the tenant is not in this cell")
-        # Both sides print times and numbers alike, whatever their settings.
-        cursor.execute("SET LOCAL TimeZone = 'UTC'")
-        cursor.execute("SET LOCAL DateStyle = 'ISO, YMD'")
-        cursor.execute("SET LOCAL extra_float_digits = 1")
-        # Steps and ledger of 100k jobs: one hash join beats 100k index probes
-        # (measured 0.9 s against 0.3 s), whatever the estimates say.
-        cursor.execute("SET LOCAL enable_nestloop = off")
+        # Both sides hash times and print values alike, whatever their settings;
+        # the plan's settings are move_checksums' own (see checksum_session).
+        cursor.execute(query("checksum_session"))
         rows = cursor.execute(query("move_checksums"), {"tenant_id": tenant_id}).fetchall()
     return {str(r["table"]): {"rows": int(r["rows"]), "checksum": str(r["checksum"])} for r in rows}
 

@@ -94,39 +94,93 @@ SELECT row_to_json(s) AS row, jsonb_build_array(s.created_at, s.job_id) AS curso
   FROM scope s
  ORDER BY s.created_at, s.job_id LIMIT %(limit)s;
 
+-- Steps and ledger rows are paged by blocks of the scope's jobs, in the jobs'
+-- keyset order (created_at, job_id): a block of up to `limit` jobs from the
+-- partial indexes, then their rows by each table's job_id index, so a page
+-- costs the same wherever it starts (no re-sort of every row after the
+-- cursor). The page keeps every row of the jobs whose rows start before the
+-- limit-th row (rank), so it holds at most limit - 1 + one job's rows. Its
+-- last row (`last`) carries no row but the next cursor, the last job taken
+-- (NULL at the end of the scope), for moves.scope_page. `inclusive` takes
+-- the cursor's own job again (a cursor of the older per-row format, which
+-- may have stopped inside a job; the target's upserts take rows twice).
+
 -- name: page_steps
+-- By blocks of jobs (see above).
 WITH after AS (
     SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
-           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id,
-           coalesce((%(after)s::jsonb->>2)::int, -2147483648) AS sub
-), scope AS (
-    SELECT j.job_id, j.created_at FROM jobs j, after a
-     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued' AND (j.created_at, j.job_id) >= (a.at, a.id)
-    UNION ALL
-    SELECT j.job_id, j.created_at FROM jobs j, after a
-     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running' AND (j.created_at, j.job_id) >= (a.at, a.id)
+           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id
+), block AS (
+    SELECT b.created_at, b.job_id FROM (
+        (SELECT j.created_at, j.job_id FROM jobs j, after a
+          WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued'
+            AND (j.created_at, j.job_id) >= (a.at, a.id)
+            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
+          ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
+        UNION ALL
+        (SELECT j.created_at, j.job_id FROM jobs j, after a
+          WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running'
+            AND (j.created_at, j.job_id) >= (a.at, a.id)
+            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
+          ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
+    ) b
+     ORDER BY b.created_at, b.job_id LIMIT %(limit)s
+), picked AS (
+    SELECT b.created_at, b.job_id, s.step AS sub, row_to_json(s) AS row,
+           rank() OVER (ORDER BY b.created_at, b.job_id) AS rows_before
+      FROM block b JOIN job_steps s ON s.job_id = b.job_id
 )
-SELECT row_to_json(s) AS row, jsonb_build_array(sc.created_at, sc.job_id, s.step) AS cursor
-  FROM scope sc JOIN job_steps s ON s.job_id = sc.job_id, after a
- WHERE (sc.created_at, sc.job_id, s.step) > (a.at, a.id, a.sub)
- ORDER BY sc.created_at, sc.job_id, s.step LIMIT %(limit)s;
+SELECT p.row, NULL::jsonb AS cursor, false AS last, p.created_at, p.job_id, p.sub
+  FROM picked p WHERE p.rows_before <= %(limit)s
+UNION ALL
+SELECT NULL, CASE
+           WHEN EXISTS (SELECT 1 FROM picked WHERE rows_before > %(limit)s) THEN
+               (SELECT jsonb_build_array(p.created_at, p.job_id) FROM picked p
+                 WHERE p.rows_before <= %(limit)s ORDER BY p.created_at DESC, p.job_id DESC LIMIT 1)
+           WHEN (SELECT count(*) FROM block) = %(limit)s THEN
+               (SELECT jsonb_build_array(b.created_at, b.job_id) FROM block b
+                 ORDER BY b.created_at DESC, b.job_id DESC LIMIT 1)
+       END, true, NULL, NULL, NULL
+ ORDER BY last, created_at, job_id, sub;
 
 -- name: page_ledger
+-- By blocks of jobs (see above).
 WITH after AS (
     SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
-           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id,
-           coalesce((%(after)s::jsonb->>2)::bigint, -1) AS sub
-), scope AS (
-    SELECT j.job_id, j.created_at FROM jobs j, after a
-     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued' AND (j.created_at, j.job_id) >= (a.at, a.id)
-    UNION ALL
-    SELECT j.job_id, j.created_at FROM jobs j, after a
-     WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running' AND (j.created_at, j.job_id) >= (a.at, a.id)
+           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id
+), block AS (
+    SELECT b.created_at, b.job_id FROM (
+        (SELECT j.created_at, j.job_id FROM jobs j, after a
+          WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued'
+            AND (j.created_at, j.job_id) >= (a.at, a.id)
+            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
+          ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
+        UNION ALL
+        (SELECT j.created_at, j.job_id FROM jobs j, after a
+          WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running'
+            AND (j.created_at, j.job_id) >= (a.at, a.id)
+            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
+          ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
+    ) b
+     ORDER BY b.created_at, b.job_id LIMIT %(limit)s
+), picked AS (
+    SELECT b.created_at, b.job_id, l.entry_id AS sub, row_to_json(l) AS row,
+           rank() OVER (ORDER BY b.created_at, b.job_id) AS rows_before
+      FROM block b JOIN ledger l ON l.job_id = b.job_id
+     WHERE l.tenant_id = %(tenant_id)s
 )
-SELECT row_to_json(l) AS row, jsonb_build_array(sc.created_at, sc.job_id, l.entry_id) AS cursor
-  FROM scope sc JOIN ledger l ON l.job_id = sc.job_id, after a
- WHERE (sc.created_at, sc.job_id, l.entry_id) > (a.at, a.id, a.sub)
- ORDER BY sc.created_at, sc.job_id, l.entry_id LIMIT %(limit)s;
+SELECT p.row, NULL::jsonb AS cursor, false AS last, p.created_at, p.job_id, p.sub
+  FROM picked p WHERE p.rows_before <= %(limit)s
+UNION ALL
+SELECT NULL, CASE
+           WHEN EXISTS (SELECT 1 FROM picked WHERE rows_before > %(limit)s) THEN
+               (SELECT jsonb_build_array(p.created_at, p.job_id) FROM picked p
+                 WHERE p.rows_before <= %(limit)s ORDER BY p.created_at DESC, p.job_id DESC LIMIT 1)
+           WHEN (SELECT count(*) FROM block) = %(limit)s THEN
+               (SELECT jsonb_build_array(b.created_at, b.job_id) FROM block b
+                 ORDER BY b.created_at DESC, b.job_id DESC LIMIT 1)
+       END, true, NULL, NULL, NULL
+ ORDER BY last, created_at, job_id, sub;
 
 -- name: page_idempotency_keys
 SELECT row_to_json(k) AS row, jsonb_build_array(k.key) AS cursor
@@ -387,42 +441,89 @@ UPDATE tenants SET state = 'active', updated_at = now()
  WHERE tenant_id = %(tenant_id)s AND state = 'frozen' AND move_id = %(move_id)s
 RETURNING tenant_id;
 
+-- name: checksum_session
+-- Fixed for the transaction of move_checksums, on both sides alike: times
+-- are hashed as UTC wall-clock values (UTC has no gap or overlap, so the
+-- cast is one-to-one) and the small tables are hashed as text. The plan:
+-- no JIT (the row estimates of a hash join over 100k jobs cross its
+-- threshold, and compiling costs more than the query), hash joins with a
+-- work_mem that keeps them in one batch, never 100k index probes.
+SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true),
+       set_config('extra_float_digits', '1', true), set_config('jit', 'off', true),
+       set_config('work_mem', '64MB', true), set_config('enable_nestloop', 'off', true),
+       set_config('enable_mergejoin', 'off', true);
+
 -- name: move_checksums
 -- Count and an order-independent sum of row hashes per table, with one
 -- normalization on both sides: a source job running is counted as queued,
 -- claim fields and this cell's own ids (ledger entry, endpoint) are left
 -- out, and an event's relayed_at too (the target has not fanned it out).
--- No sort and no join between the tables' aggregates: it runs inside the
--- write pause. sum() of bigint adds in 128 bits, no numeric per row. The
--- session's TimeZone and DateStyle are fixed by moves.checksums so that both
--- sides print times alike.
-WITH jobs_in_scope AS MATERIALIZED (
-    SELECT * FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'queued'
-    UNION ALL
-    SELECT * FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'running'
-)
-SELECT 'jobs' AS table, count(*) AS rows, coalesce(sum(hashtextextended(ROW(j.job_id, j.tenant_id,
-           'queued', j.target, j.step_count, j.payload, j.attempts, j.max_attempts, j.estimate,
-           j.run_after, j.expires_at, j.cancel_requested, j.redriven_from, j.redriven_to,
-           j.last_error, j.error_code, j.created_at, j.started_at, j.finished_at)::text, 0)), 0)::text
+-- It runs inside the write pause (checksum_session first), so:
+-- * A row's hash is the XOR of its columns' own hash functions, each with
+--   a seed of its own (a value moved to another column changes the hash; a
+--   NULL hashes as the bare seed): no row or value is printed as text, which
+--   cost most of the time. The one-row tables are hashed as text.
+-- * One statement with no CTE: its branches are independent aggregates, which
+--   Postgres runs side by side in parallel workers (Parallel Append).
+-- * The jobs in scope are read from the two partial indexes (queued:
+--   jobs_queued; running: few), never through the tenant's history; steps and
+--   ledger rows are taken by a hash join on those job ids.
+-- sum() of bigint adds in 128 bits, no numeric per row.
+SELECT 'jobs' AS table, count(*) AS rows, coalesce(sum(
+           uuid_hash_extended(j.job_id, 1) # hashtextextended(j.tenant_id, 2)
+           # hashtextextended(j.target, 3) # hashint4extended(j.step_count, 4)
+           # jsonb_hash_extended(j.payload, 5) # hashint4extended(j.attempts, 6)
+           # hashint4extended(j.max_attempts, 7) # hashint8extended(j.estimate, 8)
+           # timestamp_hash_extended(j.run_after::timestamp, 9)
+           # coalesce(timestamp_hash_extended(j.expires_at::timestamp, 10), 10)
+           # hashint4extended(j.cancel_requested::int, 11)
+           # coalesce(uuid_hash_extended(j.redriven_from, 12), 12)
+           # coalesce(uuid_hash_extended(j.redriven_to, 13), 13)
+           # coalesce(hashtextextended(j.last_error, 14), 14)
+           # coalesce(hashtextextended(j.error_code, 15), 15)
+           # timestamp_hash_extended(j.created_at::timestamp, 16)
+           # coalesce(timestamp_hash_extended(j.started_at::timestamp, 17), 17)
+           # coalesce(timestamp_hash_extended(j.finished_at::timestamp, 18), 18)), 0)::text
            AS checksum
-  FROM jobs_in_scope j
+  FROM (SELECT * FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'queued'
+        UNION ALL
+        SELECT * FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'running') j
 UNION ALL
-SELECT 'steps', count(*), coalesce(sum(hashtextextended(s::text, 0)), 0)::text
-  FROM job_steps s WHERE s.job_id IN (SELECT job_id FROM jobs_in_scope)
+SELECT 'steps', count(*), coalesce(sum(
+           uuid_hash_extended(s.job_id, 21) # hashint4extended(s.step, 22)
+           # hashtextextended(s.idempotency_key, 23) # hashtextextended(s.status, 24)
+           # coalesce(jsonb_hash_extended(s.result, 25), 25) # hashint4extended(s.attempts, 26)
+           # coalesce(timestamp_hash_extended(s.finished_at::timestamp, 27), 27)), 0)::text
+  FROM (SELECT job_id FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'queued'
+        UNION ALL
+        SELECT job_id FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'running') sc
+  JOIN job_steps s ON s.job_id = sc.job_id
 UNION ALL
-SELECT 'ledger', count(*), coalesce(sum(hashtextextended(ROW(l.tenant_id, l.job_id, l.kind, l.amount,
-           l.created_at)::text, 0)), 0)::text
-  FROM ledger l WHERE l.tenant_id = %(tenant_id)s AND l.job_id IN (SELECT job_id FROM jobs_in_scope)
+SELECT 'ledger', count(*), coalesce(sum(
+           hashtextextended(l.tenant_id, 31) # uuid_hash_extended(l.job_id, 32)
+           # hashtextextended(l.kind, 33) # hashint8extended(l.amount, 34)
+           # timestamp_hash_extended(l.created_at::timestamp, 35)), 0)::text
+  FROM (SELECT job_id FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'queued'
+        UNION ALL
+        SELECT job_id FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'running') sc
+  JOIN ledger l ON l.job_id = sc.job_id
+ WHERE l.tenant_id = %(tenant_id)s
 UNION ALL
 SELECT 'wallet', count(*), coalesce(sum(hashtextextended(w::text, 0)), 0)::text
   FROM wallets w WHERE w.tenant_id = %(tenant_id)s
 UNION ALL
-SELECT 'idempotency_keys', count(*), coalesce(sum(hashtextextended(k::text, 0)), 0)::text
+SELECT 'idempotency_keys', count(*), coalesce(sum(
+           hashtextextended(k.tenant_id, 41) # hashtextextended(k.key, 42)
+           # hashtextextended(encode(k.request_hash, 'hex'), 43) # uuid_hash_extended(k.job_id, 44)
+           # hashint4extended(k.status_code, 45) # jsonb_hash_extended(k.response, 46)
+           # timestamp_hash_extended(k.created_at::timestamp, 47)), 0)::text
   FROM idempotency_keys k WHERE k.tenant_id = %(tenant_id)s
 UNION ALL
-SELECT 'outbox', count(*), coalesce(sum(hashtextextended(ROW(o.event_id, o.tenant_id, o.job_id, o.kind,
-           o.payload, o.created_at)::text, 0)), 0)::text
+SELECT 'outbox', count(*), coalesce(sum(
+           uuid_hash_extended(o.event_id, 51) # hashtextextended(o.tenant_id, 52)
+           # coalesce(uuid_hash_extended(o.job_id, 53), 53) # hashtextextended(o.kind, 54)
+           # jsonb_hash_extended(o.payload, 55) # timestamp_hash_extended(o.created_at::timestamp, 56)),
+           0)::text
   FROM outbox o
  WHERE o.tenant_id = %(tenant_id)s
    AND (o.relayed_at IS NULL OR EXISTS (
