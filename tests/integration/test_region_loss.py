@@ -272,3 +272,59 @@ def test_a_region_cut_off_from_etcd_fences_itself_and_is_taken_over(
     plane.kube.etcd.restart("region-a")
     status = _rebuilt(plane, "cut-a1", status["epoch"])
     assert _in_recovery(cell_database(plane, "cut-a1", "region-a"))
+
+
+def test_a_move_whose_source_loses_its_region_copies_again_and_completes(
+        plane: RegionPlane, router: str, target: RecordingServer) -> None:
+    """The source's primary region is lost while the tenant is copied out: the cell
+    fails over to region-b, and the move starts its copy again from the new primary
+    (the captured changes may have a gap there) and completes into a cell in region-c.
+    Every acknowledged job is in the target, but those the failover lost (the report's)."""
+    before = _cell(plane, "mvloss-src")
+    plane.apply(cell("mvloss-dst", "region-c", lease=LEASE))
+    plane.await_status("cell", "mvloss-dst", ready, timeout=120)
+    tenant_id, load = _loaded_tenant(plane, router, "roamer", "mvloss-src", target)
+    namespace = plane.namespace("ns-roamer")
+    source = cell_database(plane, "mvloss-src", "region-a")
+    with psycopg.connect(source) as conn:
+        # Queued for later, so the copy lasts long enough to be cut in the middle.
+        conn.execute(f"SET cellplane.epoch = '{before['epoch']}'")
+        conn.execute("INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload,"
+                     " max_attempts, estimate, run_after) SELECT gen_random_uuid(), %s, 'queued',"
+                     " 'default', 1, '{}', 3, 0, now() + interval '1 hour'"
+                     " FROM generate_series(1, 40000)", (tenant_id,))
+        conn.commit()
+    try:
+        load.wait_for(30)
+        plane.apply({"apiVersion": "cellplane.io/v1alpha1", "kind": "TenantMove",
+                     "metadata": {"name": "roamer-away", "namespace": namespace},
+                     "spec": {"tenant": "roamer", "targetCell": "mvloss-dst"}})
+        plane.await_status("tenantmove", "roamer-away",
+                           lambda s: s.get("phase") == "Copying"
+                           and int((s.get("progress") or {}).get("rowsCopied") or 0) > 1000,
+                           namespace=namespace, timeout=120, what="the copy under way")
+        plane.kill_region("region-a")
+        status = plane.await_status("tenantmove", "roamer-away",
+                                    lambda s: s.get("phase") in ("Completed", "Failed", "Aborted"),
+                                    namespace=namespace, timeout=300, what="the move to end")
+        load.wait_for(20, timeout=120)
+    finally:
+        load.finish()
+    cell_status = plane.get("cell", "mvloss-src") or {}
+    plane.restore_region("region-a")
+    _rebuilt(plane, "mvloss-src", cell_status["status"]["epoch"])
+
+    assert status["phase"] == "Completed", status
+    reasons = plane.kube.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                 "involvedObject.name=roamer-away", "-o",
+                                 "jsonpath={.items[*].reason}").stdout.split()
+    assert "CellTookOver" in reasons, reasons
+    assert status["sourceCellEpoch"] > before["epoch"]
+    destination = cell_database(plane, "mvloss-dst", "region-c")
+    keys = dict(db_rows(destination, "SELECT key, job_id::text FROM idempotency_keys "
+                                     "WHERE tenant_id = %s", tenant_id))
+    missing = {job for key, job in load.acknowledged.items() if keys.get(key) != job}
+    report = _report(plane, "mvloss-src", cell_status["status"]["epoch"])
+    assert missing <= {job.job_id for job in report.jobs}, missing
+    assert db_rows(destination, "SELECT state FROM tenants WHERE tenant_id = %s",
+                   tenant_id) == [("active",)]

@@ -119,10 +119,14 @@ RESOURCES: tuple[Resource, ...] = (
         description="Moves a Tenant to another Cell with a bounded write pause.",
         columns=(
             Column("Tenant", ".spec.tenant"),
-            Column("Target", ".spec.targetCell"),
-            Column("Region", ".spec.targetRegion"),
+            Column("Source", ".status.sourceCell"),
+            Column("Target", ".status.targetCell"),
             Column("Phase", ".status.phase"),
+            Column("Copied", ".status.progress.rowsCopied", "integer"),
+            Column("Pause", ".status.progress.pauseSeconds", "number"),
             AGE,
+            Column("Region", ".spec.targetRegion", priority=1),
+            Column("Delta", ".status.progress.currentDelta", "integer", priority=1),
         ),
     ),
 )

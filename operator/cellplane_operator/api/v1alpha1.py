@@ -464,7 +464,12 @@ class TenantMoveStatus(ApiModel):
     """Cell the tenant is moved out of."""
     target_cell: str | None = None
     """Cell the tenant is moved into (chosen by placement when spec.targetRegion is set)."""
+    source_cell_epoch: Int64 | None = None
+    """The source cell's placement-group epoch the copy began under: a takeover in the
+    cell since (a new primary) starts the copy again."""
+    target_cell_epoch: Int64 | None = None
+    """The target cell's placement-group epoch the copy began under."""
     progress: MoveProgress | None = None
     """How far the move has come."""
     conditions: ConditionList | None = None
-    """Ready, Completed and the other aspects of the move's state."""
+    """Accepted, Progressing and Completed: the aspects of the move's state."""

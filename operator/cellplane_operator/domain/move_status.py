@@ -31,6 +31,8 @@ class MoveReport:
     """status.progress as the CRD spells it (camelCase keys)."""
     refused: bool = False
     """The move was never admitted: nothing was started."""
+    cell_epochs: tuple[int, int] | None = None
+    """The source's and the target's placement-group epochs the copy began under."""
 
 
 def plan_move_status(report: MoveReport, *, generation: int,
@@ -63,6 +65,8 @@ def plan_move_status(report: MoveReport, *, generation: int,
         status["sourceCell"] = report.source_cell
     if report.target_cell is not None:
         status["targetCell"] = report.target_cell
+    if report.cell_epochs is not None:
+        status["sourceCellEpoch"], status["targetCellEpoch"] = report.cell_epochs
     if report.progress is not None:
         status["progress"] = dict(report.progress)
     return status

@@ -59,6 +59,14 @@ class TenantCopy:
         self.cursor = 0
         """The last change entry applied to the target."""
 
+    def through(self, source: CellEnd, target: CellEnd) -> TenantCopy:
+        """The same move through other endpoints (a cell's new primary after a takeover)."""
+        moved = TenantCopy(self._cells, tenant_id=self.tenant_id, move_id=self.move_id,
+                           source=source, target=target, target_epoch=self.target_epoch,
+                           page_rows=self._page_rows, change_rows=self._change_rows)
+        moved.cursor = self.cursor
+        return moved
+
     async def start(self) -> dict[str, int]:
         """Capture on in the source (kept if this move started it before); rows per table."""
         self.cursor = 0
@@ -143,3 +151,4 @@ class TenantCopy:
     async def _apply(self, rows: dict[str, list[Any]], deletes: dict[str, list[Any]]) -> None:
         await self._cells.move_in(self.target.admin, self.target.token, self.tenant_id,
                                   self.move_id, self.target_epoch, rows=rows, deletes=deletes)
+

@@ -71,6 +71,16 @@ class _Ended(Exception):
     """The move reached a terminal phase (or its object is gone): stop driving it."""
 
 
+class _CellTookOver(Exception):
+    """A cell of the move changed its primary during the copy: start the copy again.
+
+    The source's change capture lives in its database: a standby promoted after
+    a region loss may lack the last captured changes (and the rows they name),
+    and a target that failed over may lack rows already sent. Either way the
+    copy may have a gap no verification should have to find; a fresh copy has none.
+    """
+
+
 @dataclass
 class _Run:
     """What one move's task remembers between its steps; lost (and rebuilt) on restart."""
@@ -81,6 +91,8 @@ class _Run:
     totals: dict[str, int] | None = None
     copied: dict[str, int] | None = None
     last_progress: float = 0.0
+    epochs: tuple[int, int] | None = None
+    """The source's and the target's placement-group epochs when this copy began."""
 
 
 class MoveController:
@@ -146,6 +158,8 @@ class MoveController:
                 backoff = 0.5
             except _Ended:
                 return
+            except _CellTookOver as took_over:
+                await self._copy_again(body, run, str(took_over))
             except NotLeaderError:
                 return
             except CellplaneError as error:
@@ -191,6 +205,9 @@ class MoveController:
             raise _Ended
         assert stored is not None
         copy = run.copy or await self._open_copy(body, stored, source, target, run)
+        if run.epochs is None and "sourceCellEpoch" in status and "targetCellEpoch" in status:
+            # A new leader checks the cells against the epochs the copy began under.
+            run.epochs = (int(status["sourceCellEpoch"]), int(status["targetCellEpoch"]))
         if decision is Resume.ROLL_FORWARD:
             await self._roll_forward(body, tenant_key, stored, copy, spec, pause_seconds=None)
             raise _Ended
@@ -320,6 +337,11 @@ class MoveController:
         return CellEnd(cell, str(admin), await self._ctx.cell_admin_token(cell))
 
     async def _copy(self, body: dict[str, Any], copy: TenantCopy, run: _Run) -> None:
+        if run.epochs is not None:
+            # A copy interrupted by a restart: whatever the cells did meanwhile, a
+            # takeover would have left the target rows the source no longer has.
+            self._check_takeover(copy, run)
+        run.epochs = self._cell_epochs(copy)
         totals = await copy.start()
         run.totals, run.copied = totals, {table: 0 for table in TABLES}
         started, copied = time.monotonic(), 0
@@ -347,8 +369,11 @@ class MoveController:
             started = time.monotonic()
             await copy.checksums()
             run.check_seconds = time.monotonic() - started
+        if run.epochs is None:
+            run.epochs = self._cell_epochs(copy)
         while True:
             self._check_abort(body)
+            self._check_takeover(copy, run)
             round_ = await copy.catch_up()
             if round_.rows >= 500:
                 measured = round_.rows / max(round_.seconds, 1e-3)
@@ -373,6 +398,7 @@ class MoveController:
         if stored is None or stored.record.cell != source:
             raise CellplaneError(f"the placement record of {tenant_key} moved away from {source}")
         epoch = stored.record.epoch
+        self._check_takeover(copy, run)
         await self._progress(body, run, copy, MovePhase.CUTTING_OVER, "CuttingOver",
                              "the router holds the tenant's requests; the source is frozen",
                              force=True)
@@ -461,6 +487,48 @@ class MoveController:
         if deleting:
             await self._drop_finalizer(body)
 
+    def _cell_epochs(self, copy: TenantCopy) -> tuple[int, int]:
+        def epoch(cell: str) -> int:
+            status = (self._ctx.cache.cells.get(cell) or {}).get("status") or {}
+            return int(status.get("epoch") or 0)
+        return epoch(copy.source.cell), epoch(copy.target.cell)
+
+    def _check_takeover(self, copy: TenantCopy, run: _Run) -> None:
+        if run.epochs is None:
+            return
+        now = self._cell_epochs(copy)
+        for cell, before, after in zip((copy.source.cell, copy.target.cell), run.epochs, now):
+            if after != before:
+                raise _CellTookOver(f"cell {cell} changed its primary (epoch {before} -> "
+                                    f"{after}) during the copy")
+
+    async def _copy_again(self, body: dict[str, Any], run: _Run, why: str) -> None:
+        """Both ends forget this copy; the next step copies from the start."""
+        assert run.copy is not None
+        copy, run.copy, run.epochs, run.check_seconds = run.copy, None, None, 0.0
+        log.warning("move %s: %s; copying again", body["metadata"]["name"], why)
+        # The new primary may take a few seconds to serve. A target copy that cannot be
+        # dropped within the minute stays, and the verification finds what it holds extra.
+        for _ in range(60):
+            try:
+                copy = copy.through(await self._cell_end(copy.source.cell),
+                                    await self._cell_end(copy.target.cell))
+                await copy.discard()
+                break
+            except CellplaneError as error:
+                log.info("move %s: the old copy is not discarded yet (%s)",
+                         body["metadata"]["name"], error)
+                await asyncio.sleep(1.0)
+        message = f"{why}: the copy starts again from the beginning"
+        # The epochs the next copy begins under, recorded now: the status keeps the old
+        # ones otherwise, and the next copy would see a takeover that is over.
+        run.epochs = self._cell_epochs(copy)
+        await self._report(body, MoveReport(MovePhase.COPYING, "CellTookOver", message,
+                                            copy.source.cell, copy.target.cell,
+                                            {"rowsCopied": 0, "currentDelta": 0},
+                                            cell_epochs=run.epochs))
+        await self._ctx.event(body, "Warning", "CellTookOver", message)
+
     def _check_abort(self, body: dict[str, Any]) -> None:
         """Between pages: an abort asked meanwhile ends the step so the next one aborts."""
         meta = body["metadata"]
@@ -498,7 +566,8 @@ class MoveController:
             return
         run.last_progress = now
         await self._report(body, MoveReport(phase, reason, message, copy.source.cell,
-                                            copy.target.cell, self._progress_body(run, copy, delta)))
+                                            copy.target.cell, self._progress_body(run, copy, delta),
+                                            cell_epochs=run.epochs))
         if current_phase != phase.value:
             await self._ctx.event(body, "Normal", phase.value, message)
 
