@@ -296,14 +296,14 @@ class Regions:
         return str(report.database.conninfo)
 
     def make_cell(self, name: str, lease: Mapping[str, float], *,
-                  standby: bool = True) -> dict[str, Any]:
+                  standby: bool = True, worker_slots: int = 40) -> dict[str, Any]:
         """A cell homed in region-a with a standby in region-b (unless ``standby`` is
         false), Ready with it streaming."""
         self.apply({"apiVersion": "cellplane.io/v1alpha1", "kind": "Cell",
                     "metadata": {"name": name},
                     "spec": {"region": "region-a",
                              "standbyRegions": ["region-b"] if standby else [],
-                             "tier": "shared", "capacity": {"tenants": 10, "workerSlots": 40},
+                             "tier": "shared", "capacity": {"tenants": 10, "workerSlots": worker_slots},
                              "lease": dict(lease), "driver": {"allowPrivateTargets": True}}})
         return self.await_status(name, lambda s: s.get("phase") == "Ready"
                                  and (not standby or redundant(s, "region-b")), timeout=300,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -163,12 +165,20 @@ def test_a_move_under_load_loses_and_doubles_nothing(
     try:
         load.wait_for(60)
         epoch_before = records(plane)[TenantKey(namespace, "mover")].epoch
-        _move(plane, "mover-to-b", namespace, "mover", destination, maxWritePauseSeconds=2)
-        status = _ended(plane, "mover-to-b", namespace)
+        # The platform team's path: the CLI creates the TenantMove and follows it.
+        moved = subprocess.run(
+            [sys.executable, "-m", "cellplane_operator", "move", "mover", "--to", destination,
+             "-n", namespace, "--max-write-pause", "2", "--wait", "--timeout", "180",
+             "--kubeconfig", str(plane.kube.kubeconfig)],
+            capture_output=True, text=True, timeout=240)
+        status = _ended(plane, "mover-to-move-b", namespace, timeout=10)
         load.wait_for(60, timeout=90)
     finally:
         load.finish()
 
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.strip() == "mover-to-move-b"
+    assert "Completed" in moved.stderr and "pause" in moved.stderr, moved.stderr
     assert status["phase"] == "Completed", status
     assert condition(status, "Completed")["status"] == "True"
     assert condition(status, "Accepted")["reason"] == "Admitted"
@@ -218,7 +228,7 @@ def test_a_move_under_load_loses_and_doubles_nothing(
     assert steps_of_acknowledged, "the load's steps never reached the target server"
     assert len(repeated) <= 40, f"{len(repeated)} steps ran more than once: {sorted(repeated)[:5]}"
 
-    reasons = _events(plane, namespace, "mover-to-b")
+    reasons = _events(plane, namespace, "mover-to-move-b")
     for reason in ("Started", "CatchingUp", "CuttingOver", "Completed"):
         assert reason in reasons, reasons
 
@@ -405,3 +415,34 @@ def test_a_move_that_may_not_start_starts_nothing_and_says_why(
     plane.kube.kubectl("delete", "tenantmove", "picky-nowhere", "-n", namespace)
     assert records(plane)[TenantKey(namespace, "picky")] == record_before
     assert _state(cell_database(plane, destination), tenant_id) is None
+
+
+# -- dedicated cells -----------------------------------------------------------------------
+
+
+def test_a_dedicated_tenant_moves_into_a_new_cell_of_its_own(plane: RegionPlane) -> None:
+    namespace = plane.namespace("ns-solo")
+    # No target: the operator's dedicated cells refuse loopback ones (no allowPrivateTargets).
+    plane.apply(tenant("solo", namespace, plan="enterprise", isolation="dedicated",
+                       quotas={"maxRunningJobs": 4}))
+    plane.await_status("tenant", "solo", ready, namespace=namespace, timeout=180)
+    first = records(plane)[TenantKey(namespace, "solo")].cell
+    tenant_id = records(plane)[TenantKey(namespace, "solo")].tenant_id
+    _seed_queued(cell_database(plane, first), tenant_id, 500)
+
+    _move(plane, "solo-away", namespace, "solo", "solo-new", retainSourceForSeconds=0)
+    status = _ended(plane, "solo-away", namespace, timeout=240)
+
+    assert status["phase"] == "Completed", status
+    assert records(plane)[TenantKey(namespace, "solo")].cell == "solo-new"
+    made = plane.get("cell", "solo-new") or {}
+    assert made["spec"]["tier"] == "dedicated"
+    assert made["metadata"]["labels"]["cellplane.io/tenant"] == "solo"
+    assert db_rows(cell_database(plane, "solo-new"), "SELECT count(*) FROM jobs "
+                   "WHERE tenant_id = %s", tenant_id) == [(500,)]
+    # Its old cell held nothing but the retained copy: gone once the retention passed.
+    wait_for(lambda: plane.get("cell", first) is None, timeout=120,
+             what=f"the old dedicated cell {first} to be deleted")
+    assert "SourceCellDeleted" in _events(plane, namespace, "solo-away")
+    plane.await_status("tenant", "solo", lambda s: ready(s) and s.get("cell") == "solo-new",
+                       namespace=namespace, timeout=60)

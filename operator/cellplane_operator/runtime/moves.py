@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -43,7 +44,8 @@ from cellplane_operator.domain.moves import (
     admit_move, differing_tables, may_abort, ready_to_cut_over, resume,
 )
 from cellplane_operator.domain.placement import (
-    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, place,
+    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, dedicated_cell_name,
+    place,
 )
 from cellplane_operator.errors import CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
@@ -53,7 +55,7 @@ from cellplane_operator.placement.records import Stored, TenantKey
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.movecopy import TABLES, CellEnd, TenantCopy
 from cellplane_operator.runtime.specs import TenantSettings
-from cellplane_operator.runtime.tenants import TenantController
+from cellplane_operator.runtime.tenants import TenantController, dedicated_to
 
 __all__ = ["MoveController", "MOVE_FINALIZER"]
 
@@ -103,10 +105,13 @@ class MoveController:
         self._tenants = tenants
         self._tasks: dict[TenantKey, asyncio.Task[None]] = {}
         self._wakes: dict[TenantKey, asyncio.Event] = {}
+        self._ended: set[TenantKey] = set()
+        """Moves with nothing left to do, not looked at again until they change."""
 
     # -- scheduling ------------------------------------------------------------------
 
     def move_changed(self, key: TenantKey) -> None:
+        self._ended.discard(key)
         self._wakes.setdefault(key, asyncio.Event()).set()
         if self._leadership.leading:
             self._ensure_task(key)
@@ -128,8 +133,10 @@ class MoveController:
         while not stop.is_set():
             if self._leadership.leading:
                 for key in list(self._ctx.cache.moves):
-                    self._ensure_task(key)
+                    if key not in self._ended:
+                        self._ensure_task(key)
             else:
+                self._ended.clear()
                 await self._cancel_all()
             # Leadership.changed is cleared by the tenant controller; a short poll
             # here costs nothing and needs no second consumer of that event.
@@ -157,6 +164,7 @@ class MoveController:
                 await self._step(key, body, run)
                 backoff = 0.5
             except _Ended:
+                self._ended.add(key)
                 return
             except _CellTookOver as took_over:
                 await self._copy_again(body, run, str(took_over))
@@ -182,6 +190,8 @@ class MoveController:
         if phase in TERMINAL_PHASES:
             if deleting:
                 await self._drop_finalizer(body)
+            elif phase is MovePhase.COMPLETED:
+                await self._retire_dedicated_source(body)
             raise _Ended
         if phase is MovePhase.PENDING:
             if deleting:
@@ -250,14 +260,31 @@ class MoveController:
         tenant = TenantSettings.from_body(tenant_body)
         source = stored.record.cell if stored is not None else None
         candidates = self._tenants.candidates()
-        target_name = spec.target_cell or self._pick_in_region(
-            tenant, str(spec.target_region), source, candidates)
+        dedicated = tenant.isolation is Tier.DEDICATED
+        if dedicated:
+            # A dedicated tenant moves into a cell of its own, made for the move.
+            target_name = spec.target_cell or (
+                f"{dedicated_cell_name(tenant.namespace, tenant.name)[:54]}-"
+                f"{body['metadata']['uid'][:8]}")
+        else:
+            target_name = spec.target_cell or self._pick_in_region(
+                tenant, str(spec.target_region), source, candidates)
         target = next((c for c in candidates if c.name == target_name), None)
+        max_running = tenant.quotas().max_running
         outcome = admit_move(MoveRequest(
             tenant=spec.tenant, isolation=tenant.isolation, source_cell=source,
-            max_running=tenant.quotas().max_running, target=target, target_name=target_name,
+            max_running=max_running, target=target, target_name=target_name,
             tenant_deleting=bool(tenant_body["metadata"].get("deletionTimestamp")),
             other_moves=self._other_moves(key, body, spec.tenant)))
+        if isinstance(outcome, Refused) and dedicated \
+                and outcome.reason is RefusalReason.NO_SUCH_CELL:
+            region = spec.target_region or self._region_of(source) or tenant.home_region
+            like = (self._ctx.cache.cells.get(source or "") or {}).get("spec")
+            await self._tenants.ensure_dedicated_cell(tenant_body, tenant, target_name,
+                                                      max_running, region, like)
+            outcome = Refused(RefusalReason.NOT_READY,
+                              f"creating dedicated cell {target_name} in {region} for tenant "
+                              f"{spec.tenant}: the move starts once it is Ready")
         if isinstance(outcome, Refused):
             await self._refuse(body, outcome, source)
             return
@@ -272,6 +299,40 @@ class MoveController:
                               f"moving tenant {spec.tenant} from cell {source} to cell "
                               f"{outcome.target} (write pause budget "
                               f"{spec.max_write_pause_seconds:g}s)")
+
+    def _region_of(self, cell: str | None) -> str | None:
+        body = self._ctx.cache.cells.get(cell or "")
+        region = ((body or {}).get("spec") or {}).get("region")
+        return str(region) if region else None
+
+    async def _retire_dedicated_source(self, body: dict[str, Any]) -> None:
+        """After a dedicated tenant's move: its old cell, which holds only the retained
+        copy, is deleted once ``retainSourceForSeconds`` has passed since completion."""
+        status = body.get("status") or {}
+        source = str(status.get("sourceCell") or "")
+        cell = self._ctx.cache.cells.get(source)
+        meta = body["metadata"]
+        tenant = _spec(body).get("tenant")
+        if cell is None or dedicated_to(cell) != (meta["namespace"], tenant):
+            return
+        completed = next((c for c in status.get("conditions") or []
+                          if c.get("type") == "Completed" and c.get("status") == "True"), None)
+        if completed is None:
+            return
+        done_at = datetime.datetime.fromisoformat(
+            str(completed["lastTransitionTime"]).replace("Z", "+00:00"))
+        retain = int(_spec(body).get("retainSourceForSeconds", 86400))
+        remaining = (done_at + datetime.timedelta(seconds=retain) - self._ctx.clock.now()
+                     ).total_seconds()
+        if remaining > 0:
+            wake = self._wakes.setdefault(TenantKey(meta["namespace"], meta["name"]),
+                                          asyncio.Event())
+            await _wait(wake, min(remaining, 3600.0))
+            return
+        if await self._tenants.delete_unused_cell(source):
+            await self._ctx.event(body, "Normal", "SourceCellDeleted",
+                                  f"deleted the tenant's old dedicated cell {source}: its "
+                                  f"retention of {retain}s has passed")
 
     def _pick_in_region(self, tenant: TenantSettings, region: str, source: str | None,
                         candidates: list[CellCandidate]) -> str:

@@ -37,7 +37,7 @@ from cellplane_operator.placement.records import PlacementRecord, PlacementRecor
 from cellplane_operator.runtime.context import FINALIZER, RegionContext
 from cellplane_operator.runtime.specs import CellSettings, TenantSettings
 
-__all__ = ["TenantController", "CellKey"]
+__all__ = ["TenantController", "CellKey", "dedicated_to"]
 
 log = logging.getLogger(__name__)
 
@@ -369,14 +369,21 @@ class TenantController:
         return cell
 
     async def _ensure_dedicated_cell(self, body: dict[str, Any], tenant: TenantSettings,
-                                     cell: str, max_running: int) -> None:
+                                     cell: str, max_running: int, *,
+                                     region: str | None = None,
+                                     like: dict[str, Any] | None = None) -> None:
+        """The tenant's own cell, in ``region`` (its home region unless a move says).
+        Also the path of a dedicated tenant's move to a new cell (runtime/moves.py), which
+        passes the old cell's spec as ``like``: the new cell runs the same way (its
+        driver, lease and failover settings), only elsewhere."""
         if cell in self._ctx.cache.cells or await self._ctx.kube.get(CELLS, cell) is not None:
             return
+        home = region or tenant.home_region
         standby: list[str] = []
         if tenant.region_policy is RegionPolicy.HOME_ASYNC:
-            others = [r for r in self._ctx.settings.regions if r != tenant.home_region]
+            others = [r for r in self._ctx.settings.regions if r != home]
             if others:
-                after = [r for r in others if r > tenant.home_region]
+                after = [r for r in others if r > home]
                 standby = [(after or others)[0]]
         meta = body["metadata"]
         manifest = {
@@ -390,7 +397,9 @@ class TenantController:
                 "ownerReferences": [{"apiVersion": body["apiVersion"], "kind": "Tenant",
                                      "name": meta["name"], "uid": meta["uid"]}],
             },
-            "spec": {"region": tenant.home_region, "tier": "dedicated",
+            "spec": {**{k: v for k, v in (like or {}).items()
+                        if k in ("driver", "lease", "failover")},
+                     "region": home, "tier": "dedicated",
                      "capacity": {"tenants": 1, "workerSlots": max(max_running, 1)},
                      "standbyRegions": standby},
         }
@@ -399,7 +408,7 @@ class TenantController:
         except KubeConflictError:
             return
         await self._ctx.event(body, "Normal", "DedicatedCellCreated",
-                              f"created dedicated cell {cell} in {tenant.home_region}"
+                              f"created dedicated cell {cell} in {home}"
                               + (f" with a standby in {standby[0]}" if standby else ""))
 
     async def _ensure_secret(self, body: dict[str, Any], tenant: TenantSettings,
@@ -496,19 +505,33 @@ class TenantController:
         self._announced.pop(key, None)
 
     async def _delete_dedicated_cell(self, tenant: TenantSettings) -> None:
-        """Deletes the tenant's own cell once no record points at it. Run on every attempt
-        of the removal, not only after the record went, so a failure here (the apiserver
-        down, the deletion guard seeing an old count) is retried rather than forgotten."""
-        name = dedicated_cell_name(tenant.namespace, tenant.name)
+        """Deletes the tenant's own cells (the first, and any a move made) once no record
+        points at them. Run on every attempt of the removal, not only after the record
+        went, so a failure here (the apiserver down, the deletion guard seeing an old
+        count) is retried rather than forgotten."""
+        names = {dedicated_cell_name(tenant.namespace, tenant.name)} | {
+            name for name, body in self._ctx.cache.cells.items()
+            if dedicated_to(body) == (tenant.namespace, tenant.name)}
+        for name in sorted(names):
+            await self.delete_unused_cell(name)
+
+    async def delete_unused_cell(self, name: str) -> bool:
+        """Deletes a cell no placement record points at; True if a deletion was asked."""
         cell = self._ctx.cache.cells.get(name)
         if cell is None or cell["metadata"].get("deletionTimestamp"):
-            return
+            return False
         if any(s.record.cell == name for s in self._records.values()):
-            return
+            return False
         # The admission policy refuses a Cell whose status counts tenants: the count
         # must say 0 before the DELETE, not at the next batch of load updates.
         await self._publish_load(name)
-        await self._ctx.kube.delete(CELLS, name)
+        return await self._ctx.kube.delete(CELLS, name)
+
+    async def ensure_dedicated_cell(self, body: dict[str, Any], tenant: TenantSettings,
+                                    cell: str, max_running: int, region: str,
+                                    like: dict[str, Any] | None) -> None:
+        await self._ensure_dedicated_cell(body, tenant, cell, max_running, region=region,
+                                          like=like)
 
     # -- cells -----------------------------------------------------------------------
 
@@ -609,6 +632,13 @@ class TenantController:
         meta["finalizers"] = updated.get("metadata", {}).get("finalizers", finalizers)
         meta["resourceVersion"] = updated.get("metadata", {}).get("resourceVersion",
                                                                    meta["resourceVersion"])
+
+
+def dedicated_to(cell: dict[str, Any]) -> tuple[str, str] | None:
+    """(namespace, name) of the tenant a dedicated cell was made for, by its labels."""
+    labels = cell["metadata"].get("labels") or {}
+    name, namespace = labels.get("cellplane.io/tenant"), labels.get("cellplane.io/tenant-namespace")
+    return (str(namespace), str(name)) if name and namespace else None
 
 
 def _secret_name(tenant: TenantSettings) -> str:
