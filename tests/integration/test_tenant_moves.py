@@ -228,6 +228,8 @@ def test_a_move_under_load_loses_and_doubles_nothing(
     assert steps_of_acknowledged, "the load's steps never reached the target server"
     assert len(repeated) <= 40, f"{len(repeated)} steps ran more than once: {sorted(repeated)[:5]}"
 
+    described = plane.kube.kubectl("describe", "tenantmove", "mover-to-move-b", "-n", namespace)
+    print(f"\n{moved.stderr}\n{described.stdout}")
     reasons = _events(plane, namespace, "mover-to-move-b")
     for reason in ("Started", "CatchingUp", "CuttingOver", "Completed"):
         assert reason in reasons, reasons
@@ -446,3 +448,55 @@ def test_a_dedicated_tenant_moves_into_a_new_cell_of_its_own(plane: RegionPlane)
     assert "SourceCellDeleted" in _events(plane, namespace, "solo-away")
     plane.await_status("tenant", "solo", lambda s: ready(s) and s.get("cell") == "solo-new",
                        namespace=namespace, timeout=60)
+
+
+# -- verification -----------------------------------------------------------------------------
+
+
+def test_a_copy_that_does_not_verify_leaves_the_tenant_on_its_source(
+        plane: RegionPlane, router: str, target: RecordingServer, cells: tuple[str, str]) -> None:
+    source, destination = cells
+    namespace, tenant_id, api_key = _tenant(plane, "checked", source, target)
+    source_db, target_db = cell_database(plane, source), cell_database(plane, destination)
+    _seed_queued(source_db, tenant_id, 40_000)
+    record_before = records(plane)[TenantKey(namespace, "checked")]
+    load = Load(router, api_key, f"checked-{uuid.uuid4().hex[:6]}").start()
+    try:
+        load.wait_for(20)
+        _move(plane, "checked-to-b", namespace, "checked", destination)
+
+        def jobs_copied(status: dict[str, Any]) -> bool:
+            # Tables are copied in order: steps under way means the jobs are across.
+            tables = {t["table"]: t for t in (status.get("progress") or {}).get("tables") or []}
+            return int((tables.get("steps") or {}).get("copied") or 0) > 0
+        plane.await_status("tenantmove", "checked-to-b", jobs_copied, namespace=namespace,
+                           timeout=120, what="the jobs copied")
+        # A seeded job (never changed in the source, so never sent again) altered in the
+        # target's copy: what a bug in the copy would leave behind.
+        epoch = db_rows(target_db, "SELECT epoch FROM placement_group")[0][0]
+        with psycopg.connect(target_db) as conn:
+            conn.execute(f"SET cellplane.epoch = '{epoch}'")
+            conn.execute("SELECT set_config('cellplane.tenant_admin', 'on', true)")
+            altered = conn.execute(
+                "UPDATE jobs SET payload = '{\"tampered\": true}' WHERE job_id = (SELECT job_id"
+                " FROM jobs WHERE tenant_id = %s AND payload ? 'seeded' LIMIT 1)",
+                (tenant_id,)).rowcount
+            conn.commit()
+        assert altered == 1
+        status = _ended(plane, "checked-to-b", namespace)
+        load.wait_for(20, timeout=90)
+    finally:
+        load.finish()
+
+    assert status["phase"] == "Failed", status
+    failed = condition(status, "Completed")
+    assert failed["reason"] == "VerificationFailed", failed
+    assert "jobs" in failed["message"], failed
+    assert "VerificationFailed" in _events(plane, namespace, "checked-to-b")
+    # The tenant never left: same record, active under its old epoch, the copy gone.
+    assert records(plane)[TenantKey(namespace, "checked")] == record_before
+    assert _state(source_db, tenant_id) == ("active", record_before.epoch)
+    assert _state(target_db, tenant_id) is None
+    keys = dict(db_rows(source_db, "SELECT key, job_id::text FROM idempotency_keys "
+                                   "WHERE tenant_id = %s", tenant_id))
+    assert {k: keys.get(k) for k in load.acknowledged} == load.acknowledged
