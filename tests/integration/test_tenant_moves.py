@@ -268,6 +268,31 @@ def test_an_abort_during_the_copy_leaves_the_source_untouched(
     assert records(plane)[TenantKey(namespace, "stayer")] == record_before
 
 
+def test_deleting_a_move_during_the_copy_aborts_it(
+        plane: RegionPlane, target: RecordingServer, cells: tuple[str, str]) -> None:
+    source, destination = cells
+    namespace, tenant_id, _ = _tenant(plane, "dropper", source, target)
+    source_db, target_db = cell_database(plane, source), cell_database(plane, destination)
+    _seed_queued(source_db, tenant_id, 60_000)
+    before = _tenant_checksum(source_db, tenant_id)
+
+    _move(plane, "dropper-to-b", namespace, "dropper", destination)
+    plane.await_status("tenantmove", "dropper-to-b",
+                       lambda s: s.get("phase") == "Copying"
+                       and int((s.get("progress") or {}).get("rowsCopied") or 0) > 0,
+                       namespace=namespace, timeout=60, what="the copy to begin")
+    plane.kube.kubectl("delete", "tenantmove", "dropper-to-b", "-n", namespace, "--wait=false")
+    # The finalizer holds the object until the abort is done.
+    wait_for(lambda: plane.get("tenantmove", "dropper-to-b", namespace) is None, timeout=60,
+             what="the TenantMove to go")
+
+    assert _state(target_db, tenant_id) is None
+    assert _state(source_db, tenant_id)[0] == "active"  # type: ignore[index]
+    assert _tenant_checksum(source_db, tenant_id) == before
+    assert db_rows(source_db, "SELECT capturing FROM tenants WHERE tenant_id = %s",
+                   tenant_id) == [(False,)]
+
+
 # -- a stale source worker ---------------------------------------------------------------
 
 
