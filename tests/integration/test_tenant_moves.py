@@ -441,6 +441,18 @@ def test_a_move_that_may_not_start_starts_nothing_and_says_why(
     refused("picky-second", destination, "AlreadyMoving", "Failed")
     plane.kube.kubectl("delete", "tenantmove", "picky-nowhere", "-n", namespace)
     assert records(plane)[TenantKey(namespace, "picky")] == record_before
+
+    # A tenant on its way out is not moved. Another controller's finalizer holds it
+    # in deletion long enough to ask.
+    plane.kube.kubectl("patch", "tenant", "picky", "-n", namespace, "--type=json", "-p",
+                       '[{"op": "add", "path": "/metadata/finalizers/-", '
+                       '"value": "example.com/hold"}]')
+    plane.kube.kubectl("delete", "tenant", "picky", "-n", namespace, "--wait=false")
+    refused("picky-leaving", destination, "TenantDeleting", "Failed")
+    wait_for(lambda: ((plane.get("tenant", "picky", namespace) or {}).get("metadata") or {}).get(
+        "finalizers") == ["example.com/hold"], timeout=60, what="the operator's removal")
+    plane.kube.kubectl("patch", "tenant", "picky", "-n", namespace, "--type=json", "-p",
+                       '[{"op": "remove", "path": "/metadata/finalizers/0"}]')
     assert _state(cell_database(plane, destination), tenant_id) is None
 
 
