@@ -234,15 +234,14 @@ def scope_page(conn: psycopg.Connection[Any], tenant_id: str, table: str, *, aft
         params: dict[str, Any] = {"tenant_id": tenant_id, "limit": limit,
                                   "after": None if key is None else json.dumps(key)}
         if table in _BY_JOB_BLOCKS:
-            # A cursor of the per-row format ([at, job, sub]) may have stopped
-            # inside a job: that job is read again.
-            params["inclusive"] = key is not None and len(key) > 2
-        rows = cursor.execute(query(f"page_{table}"), params).fetchall()
+            params["table"] = table
+        statement = "page_job_rows" if table in _BY_JOB_BLOCKS else f"page_{table}"
+        rows = cursor.execute(query(statement), params).fetchall()
     conn.commit()
     if table in _SINGLE_ROW:
         return ([r["row"] for r in rows] if key is None else []), None
     if table in _BY_JOB_BLOCKS:
-        # The last row carries only the next cursor (page_steps, page_ledger).
+        # The last row carries only the next cursor (page_job_rows).
         last = rows[-1]["cursor"]
         return [r["row"] for r in rows[:-1]], None if last is None else encode_cursor(last)
     following = encode_cursor(rows[-1]["cursor"]) if len(rows) == limit else None

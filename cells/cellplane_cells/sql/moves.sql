@@ -101,12 +101,11 @@ SELECT row_to_json(s) AS row, jsonb_build_array(s.created_at, s.job_id) AS curso
 -- cursor). The page keeps every row of the jobs whose rows start before the
 -- limit-th row (rank), so it holds at most limit - 1 + one job's rows. Its
 -- last row (`last`) carries no row but the next cursor, the last job taken
--- (NULL at the end of the scope), for moves.scope_page. `inclusive` takes
--- the cursor's own job again (a cursor of the older per-row format, which
--- may have stopped inside a job; the target's upserts take rows twice).
+-- (NULL at the end of the scope), for moves.scope_page. One statement serves
+-- both tables: `table` picks the branch, the other is a one-time filter that
+-- reads nothing.
 
--- name: page_steps
--- By blocks of jobs (see above).
+-- name: page_job_rows
 WITH after AS (
     SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
            coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id
@@ -114,60 +113,25 @@ WITH after AS (
     SELECT b.created_at, b.job_id FROM (
         (SELECT j.created_at, j.job_id FROM jobs j, after a
           WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued'
-            AND (j.created_at, j.job_id) >= (a.at, a.id)
-            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
+            AND (j.created_at, j.job_id) > (a.at, a.id)
           ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
         UNION ALL
         (SELECT j.created_at, j.job_id FROM jobs j, after a
           WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running'
-            AND (j.created_at, j.job_id) >= (a.at, a.id)
-            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
+            AND (j.created_at, j.job_id) > (a.at, a.id)
           ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
     ) b
      ORDER BY b.created_at, b.job_id LIMIT %(limit)s
-), picked AS (
-    SELECT b.created_at, b.job_id, s.step AS sub, row_to_json(s) AS row,
-           rank() OVER (ORDER BY b.created_at, b.job_id) AS rows_before
+), rows_of AS (
+    SELECT b.created_at, b.job_id, s.step::bigint AS sub, row_to_json(s) AS row
       FROM block b JOIN job_steps s ON s.job_id = b.job_id
-)
-SELECT p.row, NULL::jsonb AS cursor, false AS last, p.created_at, p.job_id, p.sub
-  FROM picked p WHERE p.rows_before <= %(limit)s
-UNION ALL
-SELECT NULL, CASE
-           WHEN EXISTS (SELECT 1 FROM picked WHERE rows_before > %(limit)s) THEN
-               (SELECT jsonb_build_array(p.created_at, p.job_id) FROM picked p
-                 WHERE p.rows_before <= %(limit)s ORDER BY p.created_at DESC, p.job_id DESC LIMIT 1)
-           WHEN (SELECT count(*) FROM block) = %(limit)s THEN
-               (SELECT jsonb_build_array(b.created_at, b.job_id) FROM block b
-                 ORDER BY b.created_at DESC, b.job_id DESC LIMIT 1)
-       END, true, NULL, NULL, NULL
- ORDER BY last, created_at, job_id, sub;
-
--- name: page_ledger
--- By blocks of jobs (see above).
-WITH after AS (
-    SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
-           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id
-), block AS (
-    SELECT b.created_at, b.job_id FROM (
-        (SELECT j.created_at, j.job_id FROM jobs j, after a
-          WHERE j.tenant_id = %(tenant_id)s AND j.status = 'queued'
-            AND (j.created_at, j.job_id) >= (a.at, a.id)
-            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
-          ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
-        UNION ALL
-        (SELECT j.created_at, j.job_id FROM jobs j, after a
-          WHERE j.tenant_id = %(tenant_id)s AND j.status = 'running'
-            AND (j.created_at, j.job_id) >= (a.at, a.id)
-            AND ((j.created_at, j.job_id) > (a.at, a.id) OR %(inclusive)s)
-          ORDER BY j.created_at, j.job_id LIMIT %(limit)s)
-    ) b
-     ORDER BY b.created_at, b.job_id LIMIT %(limit)s
-), picked AS (
-    SELECT b.created_at, b.job_id, l.entry_id AS sub, row_to_json(l) AS row,
-           rank() OVER (ORDER BY b.created_at, b.job_id) AS rows_before
+     WHERE %(table)s = 'steps'
+    UNION ALL
+    SELECT b.created_at, b.job_id, l.entry_id AS sub, row_to_json(l) AS row
       FROM block b JOIN ledger l ON l.job_id = b.job_id
-     WHERE l.tenant_id = %(tenant_id)s
+     WHERE %(table)s = 'ledger' AND l.tenant_id = %(tenant_id)s
+), picked AS (
+    SELECT r.*, rank() OVER (ORDER BY r.created_at, r.job_id) AS rows_before FROM rows_of r
 )
 SELECT p.row, NULL::jsonb AS cursor, false AS last, p.created_at, p.job_id, p.sub
   FROM picked p WHERE p.rows_before <= %(limit)s
