@@ -358,7 +358,8 @@ def test_short_names_category_and_columns(kube: LocalControlPlane) -> None:
     assert tenants.split("\n")[0].split() == ["NAME", "PLAN", "ISOLATION", "CELL", "EPOCH",
                                               "PHASE", "AGE", "REGION"]
     moves = kube.kubectl("get", "tmv", "listed", "-n", NAMESPACE).stdout
-    assert moves.split("\n")[0].split() == ["NAME", "TENANT", "TARGET", "REGION", "PHASE", "AGE"]
+    assert moves.split("\n")[0].split() == ["NAME", "TENANT", "SOURCE", "TARGET", "PHASE", "COPIED",
+                                             "PAUSE", "AGE"]
     cells = kube.kubectl("get", "cl", "-o", "name").stdout
     assert cells.startswith("cell.cellplane.io/") or cells == ""
     everything = kube.kubectl("get", "cellplane", "-A", "-o", "name").stdout.split()

@@ -167,7 +167,14 @@ class MoveController:
                 self._ended.add(key)
                 return
             except _CellTookOver as took_over:
-                await self._copy_again(body, run, str(took_over))
+                try:
+                    await self._copy_again(body, run, str(took_over))
+                except CellplaneError as error:
+                    # The status still names the old epochs: the next step sees the
+                    # takeover again and starts over from here.
+                    log.warning("move %s: starting the copy again failed (%s)", key, error)
+                    run.epochs = None
+                    await _wait(wake, backoff)
             except NotLeaderError:
                 return
             except CellplaneError as error:
@@ -461,8 +468,8 @@ class MoveController:
         epoch = stored.record.epoch
         self._check_takeover(copy, run)
         await self._progress(body, run, copy, MovePhase.CUTTING_OVER, "CuttingOver",
-                             "the router holds the tenant's requests; the source is frozen",
-                             force=True)
+                             "holding the tenant's requests, freezing it in the source, "
+                             "copying its last changes", force=True)
         paused = time.monotonic()
         stored = await self._tenants.replace_record(tenant_key, stored,
                                                     replace(stored.record, moving=True))
@@ -479,6 +486,7 @@ class MoveController:
             sums = await copy.checksums()
         finally:
             await asyncio.gather(reported, return_exceptions=True)
+        verified_in = time.monotonic() - checked
         failpoint("move-verifying", name)
         differing = differing_tables(*sums)
         if differing:
@@ -495,7 +503,7 @@ class MoveController:
         failpoint("move-after-commit", name)
         await self._roll_forward(body, tenant_key, stored, copy, spec,
                                  pause_seconds=None, paused_at=paused, last_delta=last,
-                                 check_seconds=time.monotonic() - checked, run=run)
+                                 check_seconds=verified_in, run=run)
         raise _Ended
 
     async def _roll_forward(self, body: dict[str, Any], tenant_key: TenantKey, stored: Stored,
