@@ -164,6 +164,10 @@ class MoveController:
                 await self._step(key, body, run)
                 backoff = 0.5
             except _Ended:
+                if wake.is_set():
+                    # It changed while this step ran (its own status, often): look again,
+                    # or that change would be lost until the next one.
+                    continue
                 self._ended.add(key)
                 return
             except _CellTookOver as took_over:
