@@ -131,8 +131,9 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
 
 def _code(response: httpx.Response) -> str | None:
     try:
-        error = response.json().get("error") or {}
+        body = response.json()
     except ValueError:
         return None
-    code = error.get("code")
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
     return str(code) if code is not None else None
