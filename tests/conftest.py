@@ -14,6 +14,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,6 +124,20 @@ def _binaries() -> Binaries:
 def kube(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
     """A single-member etcd and a kube-apiserver on it, with cellplane's CRDs Established."""
     yield from _run_plane(request, LocalPlaneConfig(regions=("region-a",)))
+
+
+@pytest.fixture(scope="module")
+def plane(kube: LocalControlPlane) -> Iterator[Any]:
+    """One regional operator (region-a) over the module's control plane; a module that
+    needs other regions or operators defines its own ``plane``."""
+    from regionplane import RegionPlane
+
+    regions = RegionPlane(kube)
+    regions.start_operator("region-a")
+    try:
+        yield regions
+    finally:
+        regions.close()
 
 
 @pytest.fixture

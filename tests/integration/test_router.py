@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.sites.base import SiteEndpoints
@@ -29,16 +28,6 @@ from regionplane import RegionPlane, etcd, ready, ready_cell, secret_data, tenan
 
 HOLD_SECONDS = 1.5
 MOVE_HOLD_SECONDS = 20.0
-
-
-@pytest.fixture(scope="module")
-def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
-    regions = RegionPlane(kube)
-    regions.start_operator("region-a")
-    try:
-        yield regions
-    finally:
-        regions.close()
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ import pytest
 from psycopg.types.json import Jsonb
 from starlette.responses import JSONResponse, Response
 
-from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import TenantKey
 from cellplane_operator.sites.state import SiteLayout, SiteState
@@ -39,16 +38,6 @@ from regionplane import RegionPlane, cell, cell_database, condition, db_rows, re
 
 TERMINAL = ("Completed", "Aborted", "Failed")
 FAILPOINT_EXIT = 86
-
-
-@pytest.fixture(scope="module")
-def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
-    regions = RegionPlane(kube)
-    regions.start_operator("region-a")
-    try:
-        yield regions
-    finally:
-        regions.close()
 
 
 @pytest.fixture(scope="module")
