@@ -140,6 +140,15 @@ def plane(kube: LocalControlPlane) -> Iterator[Any]:
         regions.close()
 
 
+@pytest.fixture(scope="module")
+def target() -> Iterator[Any]:
+    """A job target on loopback answering every step 200, recording every call."""
+    from httpservers import RecordingServer
+
+    with RecordingServer() as server:
+        yield server
+
+
 @pytest.fixture
 def etcd3(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
     """A 3-member etcd cluster, one member per region, and nothing else."""

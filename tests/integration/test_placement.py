@@ -37,12 +37,6 @@ def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
         regions.close()
 
 
-@pytest.fixture(scope="module")
-def target() -> Iterator[RecordingServer]:
-    with RecordingServer() as server:
-        yield server
-
-
 def test_shared_tenant_is_placed_and_runs_a_job_with_the_key_from_its_secret(
         plane: RegionPlane, target: RecordingServer) -> None:
     ns = plane.namespace("e2e")

@@ -57,12 +57,6 @@ def router(plane: RegionPlane) -> Iterator[str]:
         process.stop()
 
 
-@pytest.fixture(scope="module")
-def target() -> Iterator[RecordingServer]:
-    with RecordingServer() as server:
-        yield server
-
-
 def _loaded_tenant(plane: RegionPlane, router: str, name: str, cell_name: str,
                    target: RecordingServer) -> tuple[str, Load]:
     """A tenant of the cell, in a namespace of its own, and a load of its jobs started

@@ -50,12 +50,6 @@ def router(plane: RegionPlane) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def target() -> Iterator[RecordingServer]:
-    with RecordingServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def cells(plane: RegionPlane) -> tuple[str, str]:
     # Room for every tenant of the module in either cell (20 worker slots each).
     ready_cell(plane, "move-a", tenants=20, slots=400)

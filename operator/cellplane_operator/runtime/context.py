@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from cellplane_operator.cellclient import CellAdminClient
 from cellplane_operator.clock import Clock
-from cellplane_operator.errors import KubeApiError, KubeConflictError
-from cellplane_operator.kube import NAMESPACES, SECRETS, KubeClient
+from cellplane_operator.errors import CellplaneError, KubeApiError, KubeConflictError
+from cellplane_operator.kube import NAMESPACES, SECRETS, KubeClient, Resource
 from cellplane_operator.runtime.cache import ObjectCache
 from cellplane_operator.settings import OperatorSettings
 from cellplane_operator.sites.base import SiteDriver
@@ -52,6 +52,31 @@ class RegionContext:
                                   component=f"{COMPONENT}/{self.region}", now=self.clock.now())
         except KubeApiError as error:
             log.warning("could not post event %s: %s", reason, error)
+
+    async def ensure_finalizer(self, resource: Resource, body: dict[str, Any], name: str) -> None:
+        finalizers = list(body["metadata"].get("finalizers") or [])
+        if name not in finalizers:
+            await self._set_finalizers(resource, body, [*finalizers, name])
+
+    async def drop_finalizer(self, resource: Resource, body: dict[str, Any], name: str) -> None:
+        finalizers = list(body["metadata"].get("finalizers") or [])
+        if name in finalizers:
+            await self._set_finalizers(resource, body, [f for f in finalizers if f != name])
+
+    async def _set_finalizers(self, resource: Resource, body: dict[str, Any],
+                              finalizers: list[str]) -> None:
+        meta = body["metadata"]
+        # resourceVersion makes the merge patch conditional: another writer's finalizer
+        # added meanwhile is a conflict (and a retry), never silently dropped.
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        try:
+            updated = await self.kube.patch(resource, meta["name"], patch,
+                                            namespace=meta.get("namespace"))
+        except KubeConflictError:
+            raise CellplaneError(f"{meta['name']} changed while setting finalizers; retrying") from None
+        meta["finalizers"] = updated.get("metadata", {}).get("finalizers", finalizers)
+        meta["resourceVersion"] = updated.get("metadata", {}).get("resourceVersion",
+                                                                   meta["resourceVersion"])
 
     async def cell_admin_token(self, cell: str) -> str:
         """The cell's admin token, kept in a Secret; made by whoever asks first.

@@ -47,7 +47,7 @@ from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, dedicated_cell_name,
     place,
 )
-from cellplane_operator.errors import CellplaneError, KubeConflictError
+from cellplane_operator.errors import CellplaneError
 from cellplane_operator.failpoints import failpoint
 from cellplane_operator.kube import TENANTMOVES
 from cellplane_operator.placement.election import Leadership, NotLeaderError
@@ -200,13 +200,13 @@ class MoveController:
         deleting = bool(body["metadata"].get("deletionTimestamp"))
         if phase in TERMINAL_PHASES:
             if deleting:
-                await self._drop_finalizer(body)
+                await self._ctx.drop_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
             elif phase is MovePhase.COMPLETED:
                 await self._retire_dedicated_source(body)
             raise _Ended
         if phase is MovePhase.PENDING:
             if deleting:
-                await self._drop_finalizer(body)
+                await self._ctx.drop_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
                 raise _Ended
             await self._admit(key, body)
             return
@@ -300,7 +300,7 @@ class MoveController:
             await self._refuse(body, outcome, source)
             return
         assert isinstance(outcome, Admitted) and stored is not None
-        await self._ensure_finalizer(body)
+        await self._ctx.ensure_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
         await self._report(body, MoveReport(
             MovePhase.COPYING, "Admitted",
             f"copying tenant {spec.tenant} from cell {source} to cell {outcome.target} "
@@ -558,7 +558,7 @@ class MoveController:
                                             (body.get("status") or {}).get("progress")))
         await self._ctx.event(body, "Normal", "Aborted", message)
         if deleting:
-            await self._drop_finalizer(body)
+            await self._ctx.drop_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
 
     def _cell_epochs(self, copy: TenantCopy) -> tuple[int, int]:
         def epoch(cell: str) -> int:
@@ -658,28 +658,6 @@ class MoveController:
         body["status"] = updated.get("status", status)
         body["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
         self._ctx.cache.moves[TenantKey(meta["namespace"], meta["name"])] = body
-
-    async def _ensure_finalizer(self, body: dict[str, Any]) -> None:
-        finalizers = list(body["metadata"].get("finalizers") or [])
-        if MOVE_FINALIZER not in finalizers:
-            await self._set_finalizers(body, [*finalizers, MOVE_FINALIZER])
-
-    async def _drop_finalizer(self, body: dict[str, Any]) -> None:
-        finalizers = list(body["metadata"].get("finalizers") or [])
-        if MOVE_FINALIZER in finalizers:
-            await self._set_finalizers(body, [f for f in finalizers if f != MOVE_FINALIZER])
-
-    async def _set_finalizers(self, body: dict[str, Any], finalizers: list[str]) -> None:
-        meta = body["metadata"]
-        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
-        try:
-            updated = await self._ctx.kube.patch(TENANTMOVES, meta["name"], patch,
-                                                 namespace=meta["namespace"])
-        except KubeConflictError:
-            raise CellplaneError(f"{meta['name']} changed while setting finalizers; retrying") from None
-        meta["finalizers"] = updated.get("metadata", {}).get("finalizers", finalizers)
-        meta["resourceVersion"] = updated.get("metadata", {}).get("resourceVersion",
-                                                                   meta["resourceVersion"])
 
 
 def _spec(body: dict[str, Any]) -> dict[str, Any]:

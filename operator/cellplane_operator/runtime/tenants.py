@@ -187,7 +187,7 @@ class TenantController:
         except (ValueError, ValidationError) as error:
             await self._report(key, body, TenantProgress("Unplaceable", "InvalidSpec", str(error)))
             return
-        await self._ensure_finalizer(TENANTS, body)
+        await self._ctx.ensure_finalizer(TENANTS, body, FINALIZER)
         stored = self._records.get(key)
         if stored is not None and stored.record.uid != tenant.uid:
             # A Tenant of the same name that was removed without our finalizer.
@@ -500,7 +500,7 @@ class TenantController:
         if tenant.isolation is Tier.DEDICATED and purge:
             await self._delete_dedicated_cell(tenant)
         await self._ctx.kube.delete(SECRETS, _secret_name(tenant), namespace=tenant.namespace)
-        await self._drop_finalizer(TENANTS, body)
+        await self._ctx.drop_finalizer(TENANTS, body, FINALIZER)
         self._provisioned.pop(key, None)
         self._announced.pop(key, None)
 
@@ -540,7 +540,7 @@ class TenantController:
         if body is None:
             return
         if not body["metadata"].get("deletionTimestamp"):
-            await self._ensure_finalizer(CELLS, body)
+            await self._ctx.ensure_finalizer(CELLS, body, FINALIZER)
             await self._publish_load(key.name)
             return
         holding = sorted(str(k) for k, s in self._records.items() if s.record.cell == key.name)
@@ -552,7 +552,7 @@ class TenantController:
                                       f"cell {key.name} still holds {len(holding)} tenant(s) "
                                       f"({', '.join(holding[:5])}); move or delete them first")
             return
-        await self._drop_finalizer(CELLS, body)
+        await self._ctx.drop_finalizer(CELLS, body, FINALIZER)
         self._announced.pop(key, None)
 
     def _load_changed(self, cell: str) -> None:
@@ -608,30 +608,6 @@ class TenantController:
                                   progress.message)
         elif progress.phase in ("Ready", "Degraded"):
             self._announced.pop(key, None)
-
-    async def _ensure_finalizer(self, resource: Any, body: dict[str, Any]) -> None:
-        finalizers = list(body["metadata"].get("finalizers") or [])
-        if FINALIZER not in finalizers:
-            await self._set_finalizers(resource, body, [*finalizers, FINALIZER])
-
-    async def _drop_finalizer(self, resource: Any, body: dict[str, Any]) -> None:
-        finalizers = list(body["metadata"].get("finalizers") or [])
-        if FINALIZER in finalizers:
-            await self._set_finalizers(resource, body, [f for f in finalizers if f != FINALIZER])
-
-    async def _set_finalizers(self, resource: Any, body: dict[str, Any], finalizers: list[str]) -> None:
-        meta = body["metadata"]
-        # resourceVersion makes the merge patch conditional: another writer's finalizer
-        # added meanwhile is a conflict (and a retry), never silently dropped.
-        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
-        try:
-            updated = await self._ctx.kube.patch(resource, meta["name"], patch,
-                                                 namespace=meta.get("namespace"))
-        except KubeConflictError:
-            raise CellplaneError(f"{meta['name']} changed while setting finalizers; retrying") from None
-        meta["finalizers"] = updated.get("metadata", {}).get("finalizers", finalizers)
-        meta["resourceVersion"] = updated.get("metadata", {}).get("resourceVersion",
-                                                                   meta["resourceVersion"])
 
 
 def dedicated_to(cell: dict[str, Any]) -> tuple[str, str] | None:
