@@ -44,19 +44,23 @@ class RegionPlane:
         self.operators: dict[str, ManagedProcess] = {}
         self._started: list[ManagedProcess] = []
         self.stopped_pids: list[int] = []
+        self.metrics: dict[str, str] = {}
+        """region -> the /metrics URL of its operator, for those started with ``metrics=True``."""
 
     def state_dir(self, region: str) -> Path:
         return self.root / region
 
     def start_operator(self, region: str, *, env: dict[str, str] | None = None,
                        log_suffix: str = "", register: bool = True,
-                       own_member: bool = False) -> ManagedProcess:
+                       own_member: bool = False, metrics: bool = False) -> ManagedProcess:
         """Starts an operator; ``register=False`` keeps ``operators[region]`` pointing at
         the one already running (for a second process that is expected to fail).
 
         ``own_member``: the operator talks only to its region's etcd member, as in a
         deployment where a region reaches etcd through its own member; stopping that
         member cuts the region off.
+
+        ``metrics``: the operator serves /metrics on a free port (``self.metrics[region]``).
         """
         etcd = (self.kube.etcd.member(region).endpoint if own_member
                 else ",".join(self.kube.etcd.endpoints))
@@ -64,7 +68,8 @@ class RegionPlane:
             f"operator-{region}{log_suffix}",
             [sys.executable, "-m", "cellplane_operator", "operator", "--region", region,
              "--etcd", etcd, "--regions", ",".join(self.regions),
-             "--state-dir", str(self.state_dir(region)), "--resync-seconds", "5", *FAST_ELECTION],
+             "--state-dir", str(self.state_dir(region)), "--resync-seconds", "5", *FAST_ELECTION,
+             *self._metrics_args(region, metrics)],
             log=self.kube.run_dir / "logs" / f"operator-{region}{log_suffix}.log",
             env={"KUBECONFIG": str(self.kube.kubeconfig), **(env or {})},
         )
@@ -73,6 +78,13 @@ class RegionPlane:
         if register:
             self.operators[region] = process
         return process
+
+    def _metrics_args(self, region: str, metrics: bool) -> list[str]:
+        if not metrics:
+            return []
+        port = free_port()
+        self.metrics[region] = f"http://{LOOPBACK}:{port}/metrics"
+        return ["--metrics-port", str(port)]
 
     def close(self) -> list[int]:
         for process in self._started:
@@ -109,7 +121,8 @@ class RegionPlane:
     def restore_region(self, region: str) -> ManagedProcess:
         """The region comes back: its etcd member rejoins, its operator starts again."""
         self.kube.etcd.restart(region)
-        return self.start_operator(region, own_member=True, log_suffix="-back")
+        return self.start_operator(region, own_member=True, log_suffix="-back",
+                                   metrics=region in self.metrics)
 
     def start_router(self, etcd_endpoints: list[str], *, hold_seconds: float,
                      name: str = "router") -> tuple[ManagedProcess, str]:

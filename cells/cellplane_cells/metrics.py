@@ -1,4 +1,4 @@
-"""The cell's Prometheus metrics (a reference lives in docs with the interfaces issue)."""
+"""The cell's Prometheus metrics; docs/metrics.md is their reference (a unit test keeps it whole)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
-    "WRITES_REJECTED", "CLAIMS", "SUBMISSIONS_REFUSED", "STEP_CALLS", "DELIVERIES",
-    "QueueCollector",
+    "WRITES_REJECTED", "CLAIMS", "SUBMISSIONS_REFUSED", "TENANT_REFUSALS", "STEP_CALLS",
+    "DELIVERIES", "QueueCollector", "refuse_submission",
 ]
 
 WRITES_REJECTED = Counter(
@@ -25,10 +25,24 @@ CLAIMS = Counter("cellplane_cell_claims_total", "Jobs claimed by workers.", ["te
 SUBMISSIONS_REFUSED = Counter(
     "cellplane_cell_submissions_refused_total", "Job submissions refused, by reason.", ["reason"]
 )
+TENANT_REFUSALS = Counter(
+    "cellplane_cell_tenant_refusals_total",
+    "Submissions refused per tenant with 429 (reason rate_limited) or 402 (reason "
+    "insufficient_funds): who is hitting their limits.",
+    ["tenant", "reason"],
+)
+_PER_TENANT_REASONS = frozenset({"rate_limited", "insufficient_funds"})
 STEP_CALLS = Histogram("cellplane_cell_step_call_seconds", "Duration of step calls to targets.",
                        ["outcome"])
 DELIVERIES = Counter("cellplane_cell_webhook_deliveries_total", "Webhook delivery attempts.",
                      ["outcome"])
+
+
+def refuse_submission(reason: str, tenant_id: str) -> None:
+    """Counts a refused submission; per tenant too when it is a 429 or a 402."""
+    SUBMISSIONS_REFUSED.labels(reason).inc()
+    if reason in _PER_TENANT_REASONS:
+        TENANT_REFUSALS.labels(tenant_id, reason).inc()
 
 
 class QueueCollector(Collector):

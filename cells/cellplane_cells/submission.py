@@ -27,7 +27,7 @@ from cellplane_cells.errors import (
     RateLimitedError,
     TargetRefusedError,
 )
-from cellplane_cells.metrics import SUBMISSIONS_REFUSED
+from cellplane_cells.metrics import refuse_submission
 from cellplane_cells.queries import query
 
 __all__ = ["JobRequest", "StoredResponse", "submit", "request_hash"]
@@ -75,7 +75,7 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
             return replayed
         if cursor.execute(query("target_url"), {"tenant_id": tenant_id,
                                                 "target": request.target}).fetchone() is None:
-            SUBMISSIONS_REFUSED.labels("target_unknown").inc()
+            refuse_submission("target_unknown", tenant_id)
             raise TargetRefusedError(f"target {request.target!r} is not registered for this tenant",
                                      code="target_not_registered")
         # The token is taken in a statement of its own, before the transaction:
@@ -85,7 +85,7 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
         # has still spent its token, as a rate limit on requests should.
         if cursor.execute(query("take_token"), {"tenant_id": tenant_id}).fetchone() is None:
             wait = cursor.execute(query("token_wait"), {"tenant_id": tenant_id}).fetchone()
-            SUBMISSIONS_REFUSED.labels("rate_limited").inc()
+            refuse_submission("rate_limited", tenant_id)
             seconds = float(next(iter(wait.values()))) if wait else 1.0
             raise RateLimitedError("submission rate limit reached",
                                    retry_after_seconds=max(seconds, 0.001))
@@ -99,7 +99,7 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
                 "expires_in_seconds": request.expires_in_seconds,
             }
             if cursor.execute(query("reserve"), params).fetchone() is None:
-                SUBMISSIONS_REFUSED.labels("insufficient_funds").inc()
+                refuse_submission("insufficient_funds", tenant_id)
                 raise InsufficientFundsError(
                     f"the estimate of {request.estimate} does not fit the tenant's available "
                     "balance or daily spend limit")

@@ -78,6 +78,14 @@ def _parser() -> argparse.ArgumentParser:
                           help="every Tenant and Cell is reconciled at least this often")
     operator.add_argument("--liveness", default=None,
                           help="serve kopf's liveness probe, e.g. http://127.0.0.1:8080/healthz")
+    operator.add_argument("--metrics-host",
+                          default=os.environ.get("CELLPLANE_METRICS_HOST", "127.0.0.1"),
+                          help="address of the Prometheus /metrics endpoint "
+                               "(env CELLPLANE_METRICS_HOST)")
+    operator.add_argument("--metrics-port", type=int,
+                          default=os.environ.get("CELLPLANE_METRICS_PORT", "0"),
+                          help="serve Prometheus metrics on this port; 0: none "
+                               "(env CELLPLANE_METRICS_PORT)")
     operator.add_argument("--verbose", action="store_true", help="debug logging")
     operator.set_defaults(run=_run_operator)
 
@@ -179,10 +187,28 @@ def _run_operator(args: argparse.Namespace) -> int:
         namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
         resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True)
     driver = LocalSiteDriver(Binaries.discover(), settings.state_dir)
+    if args.metrics_port and not _serve_operator_metrics(args.metrics_host, args.metrics_port):
+        return EXIT_FAILED
     memo = kopf.Memo(settings=settings, driver=driver)
     asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
                               liveness_endpoint=args.liveness))
     return EXIT_OK
+
+
+def _serve_operator_metrics(host: str, port: int) -> bool:
+    """/metrics on a thread of its own (prometheus_client's server), so a scrape never
+    waits on kopf's event loop; False after saying on stderr why it cannot listen."""
+    from prometheus_client import start_http_server
+
+    from cellplane_operator.metrics import OPERATOR_REGISTRY
+
+    try:
+        start_http_server(port, addr=host, registry=OPERATOR_REGISTRY)
+    except OSError as error:
+        print(f"cellplane operator: cannot serve metrics on {host}:{port}: {error}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _run_sites_stop(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """``kubectl cellplane``: the kubectl plugin (the ``kubectl-cellplane`` console script).
 
 It gives a platform team the cellplane view and requests in the place they
-already work: ``status`` and ``tenant-key`` are its own (read-only); move,
+already work: ``status`` and ``tenant-key`` are its own (read-only), and so are
+``fence`` / ``unfence`` (the ``cellplane.io/fenced`` annotation, ``domain/fencing.py``); move,
 switchover, failover and report are the ``cellplane`` commands of the same
 names, registered from the same modules so both behave alike. The status tables
 are a pure function of the Cells and Tenants as read (``status_summary``,
@@ -17,17 +18,20 @@ import base64
 import binascii
 import json
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from cellplane_operator.domain.fencing import FENCED, annotation_value, requested_fence
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.failover_cli import add_failover_commands
 from cellplane_operator.kube import CELLS, SECRETS, TENANTS, KubeClient, KubeConfig
 from cellplane_operator.move_cli import add_move_command
 from cellplane_operator.reconcile.cli import add_report_command
 
-__all__ = ["main", "build_parser", "parse_args", "status_summary", "render_status", "tenant_not_ready"]
+__all__ = ["main", "build_parser", "parse_args", "status_summary", "render_status", "tenant_not_ready",
+           "fence_shown"]
 
 PROG = "kubectl cellplane"
 
@@ -39,6 +43,8 @@ Cells, tenants, moves and failovers of cellplane, from the apiserver.
   kubectl cellplane move TENANT --to CELL [--wait]   move a tenant to another cell
   kubectl cellplane switchover CELL --to REGION      hand a cell to a standby region (planned)
   kubectl cellplane failover CELL --to REGION --force
+  kubectl cellplane fence CELL [--reason TEXT]       stop a cell's writes on purpose (no failover)
+  kubectl cellplane unfence CELL                     let a fenced cell write again
   kubectl cellplane report CELL [--epoch N]          a failover's reconciliation report
 
 kubectl hands the plugin every argument after its name, so --kubeconfig and
@@ -46,15 +52,16 @@ kubectl hands the plugin every argument after its name, so --kubeconfig and
 tenant-key acme) or after it. -n names the namespace of the objects the command
 addresses: the Tenant and its TenantMove (default: the kubeconfig context's),
 the tenants status shows (default: every namespace), the operator's namespace
-for report (default: cellplane-system); switchover and failover ignore it (Cells
-are cluster-scoped).
+for report (default: cellplane-system); switchover, failover, fence and unfence
+ignore it (Cells are cluster-scoped).
 
 Exit codes: 0 done; 1 refused or failed, with a one-line reason on stderr (an
 unknown tenant or cell, a tenant not Ready yet, the apiserver's refusal); 2 a
-usage error, or a move --wait that had not ended by its --timeout.
+usage error, or a move, fence or unfence --wait that had not ended by its --timeout.
 """
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_TIMEOUT = 2
 EXIT_INTERRUPTED = 130
 
 _REPORT_NAMESPACE = "cellplane-system"
@@ -63,6 +70,8 @@ _DEFAULT_MAX_LAG_SECONDS = 30.0
 """The CRD's default of ``spec.failover.maxStandbyLagSeconds``."""
 _NONE = "-"
 _USER_AGENT = "kubectl-cellplane"
+_POLL_SECONDS = 0.5
+"""How often ``fence --wait`` and ``unfence --wait`` read the Cell."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,6 +124,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_move_command(commands)
     add_failover_commands(commands)
+
+    fence = commands.add_parser(
+        "fence", help="stop a cell's writes on purpose, without a failover",
+        description="Annotates the Cell with cellplane.io/fenced (its value: the reason). The "
+                    "operator that owns the cell's placement group keeps its lease, so no other "
+                    "region takes over and no standby is promoted, but grants the cell database "
+                    "no write time: every write is refused by the database at once, and stays "
+                    "refused across operator restarts and failovers until unfence. Reads still "
+                    "work. Same as kubectl annotate cell CELL cellplane.io/fenced=REASON. A cell "
+                    "fenced already is left as it is (exit 0).")
+    fence.add_argument("cell", metavar="CELL")
+    fence.add_argument("--reason", metavar="TEXT", default=None,
+                       help="why (shown in the Cell's Fenced condition and its Event)")
+    _fence_flags(fence, "wait until the Cell's status shows the fence in force")
+    fence.set_defaults(run=_run_fence)
+
+    unfence = commands.add_parser(
+        "unfence", help="let a fenced cell write again",
+        description="Removes the cellplane.io/fenced annotation: the owner grants the cell "
+                    "database write time again under the same epoch (it never let go of the "
+                    "lease). A cell that is not fenced is left as it is (exit 0).")
+    unfence.add_argument("cell", metavar="CELL")
+    _fence_flags(unfence, "wait until the Cell's status shows the fence lifted")
+    unfence.set_defaults(run=_run_unfence)
+
     add_report_command(commands)
     # -n, as kubectl users type it, after these commands too. report's --namespace is
     # the operator's; without either, report reads the operator's default namespace
@@ -124,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="short for --namespace")
     report.set_defaults(namespace=None)
     # Cells are cluster-scoped: -n is accepted and ignored, as kubectl does for them.
-    for cluster_scoped in ("switchover", "failover"):
+    for cluster_scoped in ("switchover", "failover", "fence", "unfence"):
         commands.choices[cluster_scoped].add_argument(
             "-n", "--namespace", dest="ignored_namespace", help=argparse.SUPPRESS)
     for name, command in commands.choices.items():
@@ -140,6 +174,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if hasattr(args, "run"):
         _apply_root_flags(args)
     return args
+
+
+def _fence_flags(parser: argparse.ArgumentParser, wait_help: str) -> None:
+    parser.add_argument("--wait", action="store_true", help=wait_help)
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="how long --wait waits (default 60); exit 2 when it runs out")
+    parser.add_argument("--kubeconfig", type=Path, default=None,
+                        help="default: $KUBECONFIG, in-cluster, then ~/.kube/config")
 
 
 def _kube_flags(parser: argparse.ArgumentParser) -> None:
@@ -188,10 +230,10 @@ def render_status(cells: Iterable[Mapping[str, Any]],
     if summary["cells"]:
         cell_table = _table(
             ("CELL", "REGION", "TIER", "PHASE", "ACTIVE", "EPOCH", "TENANTS", "SLOTS",
-             "STANDBYS"),
+             "FENCED", "STANDBYS"),
             [(row["name"], _shown(row["region"]), _shown(row["tier"]), _shown(row["phase"]),
               _shown(row["activeRegion"]), _shown(row["epoch"]), _shown(row["tenants"]),
-              _slots(row["slotsInUse"], row["workerSlots"]),
+              _slots(row["slotsInUse"], row["workerSlots"]), _shown(row["fenced"]),
               ", ".join(_standby(s) for s in row["standbys"]) or _NONE)
              for row in summary["cells"]])
     else:
@@ -223,7 +265,31 @@ def _cell_row(cell: Mapping[str, Any]) -> dict[str, Any]:
         "workerSlots": _integer(capacity.get("workerSlots")),
         "standbys": _standbys(spec.get("standbyRegions") or [], status.get("standbys") or [],
                               _DEFAULT_MAX_LAG_SECONDS if max_lag is None else max_lag),
+        "fenced": fence_shown(cell),
+        "fenceReason": _fence_reason(cell),
     }
+
+
+def fence_shown(cell: Mapping[str, Any]) -> str | None:
+    """``yes`` when the Cell's Fenced condition is true and the annotation still stands;
+    ``pending`` when it is asked for and not in force yet, ``lifting`` when lifted and
+    not yet reported so; None when neither."""
+    asked = requested_fence(_section(cell, "metadata").get("annotations")) is not None
+    in_force = _fenced_condition(cell).get("status") == "True"
+    if asked:
+        return "yes" if in_force else "pending"
+    return "lifting" if in_force else None
+
+
+def _fence_reason(cell: Mapping[str, Any]) -> str | None:
+    fence = requested_fence(_section(cell, "metadata").get("annotations"))
+    return fence.reason if fence is not None else None
+
+
+def _fenced_condition(cell: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = next((c for c in _section(cell, "status").get("conditions") or []
+                  if isinstance(c, Mapping) and c.get("type") == "Fenced"), None)
+    return found or {}
 
 
 def _standbys(regions: Sequence[Any], reported: Sequence[Any],
@@ -382,6 +448,73 @@ async def _tenant_key(args: argparse.Namespace, out: IO[str], err: IO[str]) -> i
         return EXIT_FAILED
     print(key, file=out)
     return EXIT_OK
+
+
+# -------------------------------------------------------------------- fence, unfence
+
+
+def _run_fence(args: argparse.Namespace, *, out: IO[str] | None = None,
+               err: IO[str] | None = None) -> int:
+    return asyncio.run(_fence(args, out or sys.stdout, err or sys.stderr, fence=True))
+
+
+def _run_unfence(args: argparse.Namespace, *, out: IO[str] | None = None,
+                 err: IO[str] | None = None) -> int:
+    return asyncio.run(_fence(args, out or sys.stdout, err or sys.stderr, fence=False))
+
+
+async def _fence(args: argparse.Namespace, out: IO[str], err: IO[str], *, fence: bool) -> int:
+    kube = KubeClient(KubeConfig.load(args.kubeconfig), user_agent=_USER_AGENT)
+    try:
+        cell = await kube.get(CELLS, args.cell)
+        if cell is None:
+            print(f"{PROG}: no cell {args.cell}", file=err)
+            return EXIT_FAILED
+        standing = requested_fence(_section(cell, "metadata").get("annotations"))
+        if fence and standing is not None:
+            print(f"cell {args.cell} is fenced already ({standing.reason})", file=out)
+        elif fence:
+            value = annotation_value(args.reason)
+            await kube.patch(CELLS, args.cell, {"metadata": {"annotations": {FENCED: value}}})
+            print(f"cell {args.cell} fenced ({FENCED}={value}): its owner stops every write",
+                  file=out)
+        elif standing is None:
+            print(f"cell {args.cell} is not fenced", file=out)
+        else:
+            await kube.patch(CELLS, args.cell, {"metadata": {"annotations": {FENCED: None}}})
+            print(f"cell {args.cell} unfenced: its owner grants writes again", file=out)
+        if not args.wait:
+            return EXIT_OK
+        return await _wait_fence(kube, args.cell, fence, args.timeout, out, err)
+    finally:
+        await kube.close()
+
+
+async def _wait_fence(kube: KubeClient, name: str, fence: bool, timeout: float,
+                      out: IO[str], err: IO[str]) -> int:
+    """Until the Cell's Fenced condition says the fence is in force (or lifted)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cell = await kube.get(CELLS, name)
+        if cell is None:
+            print(f"{PROG}: cell {name} was deleted", file=err)
+            return EXIT_FAILED
+        condition = _fenced_condition(cell)
+        if (condition.get("status") == "True") == fence:
+            if fence:
+                print(f"cell {name}: fence in force: {_one_line(str(condition.get('message')))}",
+                      file=out)
+            else:
+                print(f"cell {name}: fence lifted, writes granted under epoch "
+                      f"{_shown(_section(cell, 'status').get('epoch'))}", file=out)
+            return EXIT_OK
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(min(_POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
+    goal = "in force" if fence else "lifted"
+    print(f"{PROG}: the fence of cell {name} was not {goal} after {timeout:g}s (the request "
+          f"stands; see kubectl describe cell {name})", file=err)
+    return EXIT_TIMEOUT
 
 
 if __name__ == "__main__":

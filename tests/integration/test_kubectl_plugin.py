@@ -59,7 +59,8 @@ def test_kubectl_finds_the_plugin_and_its_help_lists_the_commands(plane: RegionP
     assert str(PLUGIN) in listed.stdout, listed.stdout + listed.stderr
     shown = kubectl_cellplane(plane.kube, "--help")
     assert shown.returncode == 0, shown.stderr
-    for command in ("status", "tenant-key", "move", "switchover", "failover", "report"):
+    for command in ("status", "tenant-key", "move", "switchover", "failover", "fence",
+                    "unfence", "report"):
         assert f"    {command} " in shown.stdout, command
     assert kubectl_cellplane(plane.kube, "no-such-command").returncode == 2
 
@@ -70,7 +71,7 @@ def test_status_shows_the_ready_cell_and_its_tenant(plane: RegionPlane, placed: 
     cells, tenants = shown.stdout.split("\n\n")
     row = next(line.split() for line in cells.splitlines() if line.startswith(f"{CELL} "))
     assert row[:5] == [CELL, "region-a", "shared", "Ready", "region-a"]
-    assert int(row[5]) >= 1 and row[6] == "1" and row[7] == "5/40"
+    assert int(row[5]) >= 1 and row[6] == "1" and row[7] == "5/40" and row[8] == "-"
     assert [CELL, f"{placed}/acme", "pro", "1", "Ready"] in [
         line.split() for line in tenants.splitlines()]
 
@@ -79,7 +80,7 @@ def test_status_shows_the_ready_cell_and_its_tenant(plane: RegionPlane, placed: 
     summary = json.loads(as_json.stdout)
     [found] = [c for c in summary["cells"] if c["name"] == CELL]
     assert (found["phase"], found["activeRegion"], found["tenants"], found["slotsInUse"],
-            found["workerSlots"]) == ("Ready", "region-a", 1, 5, 40)
+            found["workerSlots"], found["fenced"]) == ("Ready", "region-a", 1, 5, 40, None)
     assert {"namespace": placed, "name": "acme", "plan": "pro", "cell": CELL, "epoch": 1,
             "phase": "Ready"} in summary["tenants"]
     # -n keeps the tenants of one namespace; --kubeconfig after the plugin's name works

@@ -27,6 +27,7 @@ from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.ownership import OwnershipTable
 from httpservers import RecordingServer
 from loadclient import Load
+from metricscrape import scrape, value
 from regionplane import RegionPlane, cell, cell_database, condition, db_rows, etcd, ready, \
     secret_data, tenant
 
@@ -39,7 +40,7 @@ SERVING = ("Ready", "Degraded")
 def plane(kube3: LocalControlPlane) -> Iterator[RegionPlane]:
     regions = RegionPlane(kube3, REGIONS)
     for region in REGIONS:
-        regions.start_operator(region, own_member=True)
+        regions.start_operator(region, own_member=True, metrics=True)
     try:
         yield regions
     finally:
@@ -107,6 +108,19 @@ def _report(plane: RegionPlane, cell_name: str, epoch: int) -> ReconciliationRep
     return ReconciliationReport.from_json(printed.stdout)
 
 
+def _assert_takeover_counted(plane: RegionPlane, cell_name: str, kind: str,
+                             status: dict[str, Any]) -> None:
+    """region-b's operator counted the takeover the Cell's status reports, with its duration."""
+    samples = scrape(plane.metrics["region-b"])
+    assert value(samples, "cellplane_operator_takeovers_total", cell=cell_name,
+                 region="region-b", type=kind) == 1
+    assert value(samples, "cellplane_operator_group_owned", kind="cell", group=cell_name,
+                 region="region-b") == 1
+    assert value(samples, "cellplane_operator_group_epoch", kind="cell", group=cell_name,
+                 region="region-b") == status["epoch"]
+    assert value(samples, "cellplane_operator_takeover_seconds_count", type=kind) is not None
+
+
 def _in_recovery(conninfo: str) -> bool:
     return bool(db_rows(conninfo, "SELECT pg_is_in_recovery()")[0][0])
 
@@ -135,12 +149,20 @@ def test_losing_the_active_region_under_load(plane: RegionPlane, router: str,
           f"acknowledged before, {len(load.acknowledged)} in all")
     assert status["lastTakeover"]["fromRegion"] == "region-a"
     assert status["lastTakeover"]["planned"] is False
+    _assert_takeover_counted(plane, "loss-a1", "failover", status)
     new_primary = cell_database(plane, "loss-a1", "region-b")
     assert not _in_recovery(new_primary)
 
     plane.restore_region("region-a")
     status = _rebuilt(plane, "loss-a1", status["epoch"])
     assert status["activeRegion"] == "region-b"
+    # Counted by region-a's new operator, which fenced and rebuilt its old primary.
+    back = scrape(plane.metrics["region-a"])
+    assert (value(back, "cellplane_operator_old_primary_fences_total", cell="loss-a1",
+                  region="region-a") or 0) >= 1
+    assert sum(value(back, "cellplane_operator_old_primary_rebuilds_total", cell="loss-a1",
+                     region="region-a", method=method) or 0
+               for method in ("pg_rewind", "base_backup")) >= 1
     old_site = cell_database(plane, "loss-a1", "region-a")
     assert _in_recovery(old_site), "the old primary came back as a second primary"
 
@@ -238,6 +260,7 @@ def test_a_planned_switchover_loses_nothing(plane: RegionPlane, router: str,
         load.finish()
     status = plane.await_status("cell", "sw-a1", _serves_from("region-b", before["epoch"]))
     assert status["lastTakeover"]["planned"] is True
+    _assert_takeover_counted(plane, "sw-a1", "switchover", status)
     print(f"\nswitchover: longest gap between acknowledged writes {load.longest_pause():.2f}s; "
           f"handover {status['lastTakeover']['seconds']}s")
     new_primary = cell_database(plane, "sw-a1", "region-b")
@@ -257,6 +280,14 @@ def test_a_region_cut_off_from_etcd_fences_itself_and_is_taken_over(
     plane.kube.etcd.kill("region-a")   # region-a's processes all keep running
     status = plane.await_status("cell", "cut-a1", _serves_from("region-b", before["epoch"]),
                                 timeout=60, what="region-b to take cut-a1 over")
+    _assert_takeover_counted(plane, "cut-a1", "failover", status)
+    # region-a's operator, cut off but running, counted its own self-fence.
+    cut_off = scrape(plane.metrics["region-a"])
+    assert sum(value(cut_off, "cellplane_operator_self_fences_total", kind="cell",
+                     group="cut-a1", region="region-a", reason=reason) or 0
+               for reason in ("etcd_unreachable", "renewal_late")) >= 1
+    assert value(cut_off, "cellplane_operator_group_owned", kind="cell", group="cut-a1",
+                 region="region-a") == 0
     # The cut-off primary still runs, and refuses a write of its old epoch by itself.
     with psycopg.connect(old_primary, autocommit=True) as conn:
         conn.execute(f"SET cellplane.epoch = {before['epoch']}")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from cellplane_operator.kubectl_plugin import (
+    fence_shown,
     main,
     parse_args,
     render_status,
@@ -58,8 +59,8 @@ def test_a_serving_cell_and_its_tenants_in_two_tables() -> None:
                                                        "epoch": 1}),
          tenant("acme", "demo", status={"phase": "Ready", "cell": "shared-a1", "epoch": 2})])
     assert lines(shown) == [
-        "CELL        REGION     TIER     PHASE   ACTIVE     EPOCH   TENANTS   SLOTS    STANDBYS",
-        "shared-a1   region-a   shared   Ready   region-a   3       2         25/200   region-b 0.2s",
+        "CELL        REGION     TIER     PHASE   ACTIVE     EPOCH   TENANTS   SLOTS    FENCED   STANDBYS",
+        "shared-a1   region-a   shared   Ready   region-a   3       2         25/200   -        region-b 0.2s",
         "",
         "CELL        TENANT        PLAN   EPOCH   PHASE",
         "shared-a1   demo/acme     pro    2       Ready",
@@ -71,14 +72,15 @@ def test_a_new_cell_without_status_shows_dashes_not_an_error() -> None:
     shown = render_status([cell("fresh", standby_regions=("region-b",))],
                           [tenant("waiting", "team-a")])
     assert lines(shown)[1].split() == ["fresh", "region-a", "shared", "-", "-", "-", "-",
-                                       "-/200", "region-b", "(no", "report)"]
+                                       "-/200", "-", "region-b", "(no", "report)"]
     assert lines(shown)[-1].split() == ["-", "team-a/waiting", "pro", "-", "-"]
     summary = status_summary([{"metadata": {"name": "bare"}}], [])
     assert summary["cells"] == [{
         "name": "bare", "region": None, "tier": None, "phase": None, "activeRegion": None,
-        "epoch": None, "tenants": None, "slotsInUse": None, "workerSlots": None, "standbys": []}]
+        "epoch": None, "tenants": None, "slotsInUse": None, "workerSlots": None, "standbys": [],
+        "fenced": None, "fenceReason": None}]
     assert lines(render_status([{"metadata": {"name": "bare"}}], []))[1].split() == (
-        ["bare"] + ["-"] * 8)
+        ["bare"] + ["-"] * 9)
 
 
 def test_standbys_say_streaming_lagging_or_not_streaming_against_the_cells_own_limit() -> None:
@@ -125,9 +127,31 @@ def test_the_json_summary_is_plain_json_with_every_field_named() -> None:
                    "activeRegion": "region-a", "epoch": 3, "tenants": 2, "slotsInUse": 25,
                    "workerSlots": 200,
                    "standbys": [{"region": "region-b", "streaming": True, "lagSeconds": 0.25,
-                                 "state": "streaming", "message": None}]}],
+                                 "state": "streaming", "message": None}],
+                   "fenced": None, "fenceReason": None}],
         "tenants": [{"namespace": "demo", "name": "acme", "plan": "pro", "cell": "shared-a1",
                      "epoch": 2, "phase": "Ready"}]}
+
+
+def fenced_cell(annotation: str | None, condition: str | None) -> dict[str, Any]:
+    found = cell("c1", status={**SERVING, "phase": "Fenced", "conditions": [] if condition is None
+                               else [{"type": "Fenced", "status": condition}]})
+    if annotation is not None:
+        found["metadata"]["annotations"] = {"cellplane.io/fenced": annotation}
+    return found
+
+
+def test_fenced_cells_show_whether_the_fence_is_in_force() -> None:
+    assert fence_shown(fenced_cell("disk swap", "True")) == "yes"
+    assert fence_shown(fenced_cell("disk swap", "False")) == "pending"
+    assert fence_shown(fenced_cell("true", None)) == "pending"
+    assert fence_shown(fenced_cell(None, "True")) == "lifting"
+    assert fence_shown(fenced_cell(None, "False")) is None
+    row = status_summary([fenced_cell("disk swap", "True")], [])["cells"][0]
+    assert (row["phase"], row["fenced"], row["fenceReason"]) == ("Fenced", "yes", "disk swap")
+    shown = lines(render_status([fenced_cell("disk swap", "True")], []))
+    assert shown[0].split()[8] == "FENCED" and shown[1].split()[3] == "Fenced"
+    assert shown[1].split()[8] == "yes"
 
 
 def ready_condition(status: str, reason: str, message: str = "") -> dict[str, str]:
@@ -170,9 +194,22 @@ def test_report_reads_the_operators_namespace_unless_told_otherwise() -> None:
     assert parse("report", "shared-a1", "-n", "ops3").namespace == "ops3"
 
 
+def test_fence_and_unfence_take_a_cell_a_reason_and_wait() -> None:
+    args = parse("fence", "shared-a1")
+    assert (args.cell, args.reason, args.wait, args.timeout) == ("shared-a1", None, False, 60.0)
+    args = parse("--kubeconfig", "/k", "fence", "shared-a1", "--reason", "runaway tenant",
+                 "--wait", "--timeout", "5")
+    assert (args.reason, args.wait, args.timeout, args.kubeconfig) == (
+        "runaway tenant", True, 5.0, Path("/k"))
+    args = parse("unfence", "shared-a1", "--wait")
+    assert (args.command, args.cell, args.wait) == ("unfence", "shared-a1", True)
+    assert not hasattr(args, "reason")
+
+
 def test_cells_are_cluster_scoped_so_a_namespace_is_accepted_and_ignored() -> None:
     for command in (("switchover", "c", "--to", "region-b"),
-                    ("failover", "c", "--to", "region-b", "--force")):
+                    ("failover", "c", "--to", "region-b", "--force"),
+                    ("fence", "c"), ("unfence", "c")):
         args = parse(*command, "-n", "team-a")
         assert not hasattr(args, "namespace") and args.cell == "c"
 
@@ -182,14 +219,26 @@ def test_help_lists_every_command_with_one_line(capsys: pytest.CaptureFixture[st
         main(["--help"])
     assert exited.value.code == 0
     shown = capsys.readouterr().out
-    for command in ("status", "tenant-key", "move", "switchover", "failover", "report"):
+    for command in ("status", "tenant-key", "move", "switchover", "failover", "fence",
+                    "unfence", "report"):
         assert any(line.split()[:1] == [command] for line in shown.splitlines()), command
-    assert "fence" not in shown
+
+
+@pytest.mark.parametrize("command", ["fence", "unfence"])
+def test_fence_commands_have_their_own_help(command: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert "cellplane.io/fenced" in shown and "--wait" in shown and "--timeout" in shown
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["no-such-command"], ["tenant-key"], ["switchover", "c"],
-                 ["failover", "c", "--to", "region-b"], ["report", "c", "--epoch", "x"]):
+                 ["failover", "c", "--to", "region-b"], ["report", "c", "--epoch", "x"],
+                 ["fence"], ["unfence"], ["fence", "c", "--timeout", "soon"],
+                 ["unfence", "c", "--reason", "x"]):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2, argv
@@ -201,7 +250,7 @@ def test_an_unreadable_kubeconfig_is_one_line_and_exit_1(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = str(tmp_path / "nowhere")
     for argv in (["status"], ["tenant-key", "acme"], ["report", "c"],
-                 ["switchover", "c", "--to", "region-b"]):
+                 ["switchover", "c", "--to", "region-b"], ["fence", "c"], ["unfence", "c"]):
         assert main(["--kubeconfig", missing, *argv]) == 1, argv
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "cannot read kubeconfig" in err, err

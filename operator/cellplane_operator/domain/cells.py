@@ -9,7 +9,9 @@ the conditions carry the reasons:
   first time; later a lagging standby makes the cell Degraded, not unready).
 - ``Degraded``: the cell serves but lost redundancy (a standby not streaming
   or over ``maxStandbyLagSeconds``).
-- ``Fenced``: the owner could not confirm its lease and stopped the cell's work.
+- phase ``Fenced``: the owner could not confirm its lease and stopped the cell's
+  work, or a person fenced the cell (``domain/fencing.py``), which the ``Fenced``
+  condition then says, with the reason given.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from enum import Enum
 from typing import Any, NewType
 
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
+from cellplane_operator.domain.fencing import ManualFence, fence_condition
 
 __all__ = ["CellName", "Region", "Tier", "StandbyReport", "CellObservation", "plan_cell_status",
            "plan_refused_failover", "SERVING_PHASES"]
@@ -64,6 +67,10 @@ class CellObservation:
     previous_phase: str | None = None
     problem: str = field(default="")
     """Why the site is not serving, when known (a start error, a log tail)."""
+    fence: ManualFence | None = None
+    """The fence the Cell's annotation asks for."""
+    fence_in_force: ManualFence | None = None
+    """The fence under which the owner's last accepted database grant was made."""
 
 
 def _standby_problems(observed: CellObservation) -> list[str]:
@@ -95,10 +102,18 @@ def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[
         return Condition(type_, ConditionStatus.TRUE if ok else ConditionStatus.FALSE, reason,
                          message, observed_generation=generation)
 
+    user_fence = observed.fence or observed.fence_in_force
     if observed.fenced:
         phase = "Fenced"
         ready = condition("Ready", False, "Fenced",
                           "the owner could not confirm its lease in time and stopped the cell")
+    elif user_fence is not None and observed.database_up:
+        # Not Ready, so placement puts no tenant here and moves wait; the API still
+        # answers (reads work, writes are refused by the database). Also while an
+        # operator that just restarted has not adopted the lease yet: nothing writes then.
+        phase = "Fenced"
+        ready = condition("Ready", False, "FencedByUser",
+                          f"fenced on purpose: {user_fence.reason}")
     elif not observed.database_up:
         phase = "Provisioning"
         ready = condition("Ready", False, "DatabaseNotRunning",
@@ -128,6 +143,10 @@ def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[
                                else "this cell has no standby regions"))
     conditions = set_condition(current_conditions, ready, now=now)
     conditions = set_condition(conditions, degraded, now=now)
+    fenced = fence_condition(observed.fence, observed.fence_in_force, generation=generation,
+                             holder=observed.active_site, epoch=observed.epoch)
+    if fenced is not None:
+        conditions = set_condition(conditions, fenced, now=now)
     status: dict[str, Any] = {
         "phase": phase,
         "observedGeneration": generation,
@@ -146,7 +165,8 @@ def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[
     lags = [r.lag_seconds for r in observed.standbys if r.lag_seconds is not None]
     if lags:
         status["standbyLagSeconds"] = round(max(lags), 3)
-    if phase in SERVING_PHASES and observed.api_endpoint and observed.admin_endpoint:
+    if ((phase in SERVING_PHASES or (phase == "Fenced" and not observed.fenced))
+            and observed.api_endpoint and observed.admin_endpoint):
         status["endpoints"] = {"api": observed.api_endpoint, "admin": observed.admin_endpoint}
     return status
 

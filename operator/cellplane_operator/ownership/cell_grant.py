@@ -5,13 +5,23 @@ the row's deadline to the database's own ``now() + remaining`` and refuses a
 lower epoch. On stop the holder writes a zero duration, so a reachable
 database refuses writes at once instead of at the deadline; an unreachable one
 still stops by itself at the deadline it was last given.
+
+A fence a person put on the cell (``domain/fencing.py``) is applied here, in the
+one place every grant passes (start, renewal, a handover taken back): while
+``fence()`` names one, every grant is a zero duration. The check and the
+statement run under one lock, so a renewal computed before the fence cannot
+land after the fence's own grant and open writes again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 
 import psycopg
+
+from cellplane_operator.domain.fencing import ManualFence, write_time
 
 __all__ = ["CellDatabaseGrant"]
 
@@ -23,21 +33,31 @@ _GRANT = b"SELECT cellplane_grant(%s, make_interval(secs => %s))"
 class CellDatabaseGrant:
     """A ``GroupActor`` that only moves the database's grant (workers are started elsewhere)."""
 
-    def __init__(self, conninfo: str, *, timeout_seconds: float = 1.0) -> None:
+    def __init__(self, conninfo: str, *, timeout_seconds: float = 1.0,
+                 fence: Callable[[], ManualFence | None] = lambda: None) -> None:
         self.conninfo = conninfo
         self._timeout = timeout_seconds
+        self._fence = fence
+        """The fence standing now (read at each grant); None: grants as the lease allows."""
+        self._lock = asyncio.Lock()
         self._conn: psycopg.AsyncConnection | None = None
         self.last_grant: tuple[int, float] | None = None
         """(epoch, remaining seconds) of the last grant the database accepted."""
+        self.fenced_by: ManualFence | None = None
+        """The fence under which the last accepted grant was made (so gave no write time)."""
 
     async def _grant(self, epoch: int, remaining_seconds: float) -> None:
-        try:
-            await self._execute(epoch, remaining_seconds)
-        except psycopg.OperationalError:
-            # The kept connection may have died with a restart of the server (a site
-            # demoted, rewound and promoted again keeps its address): once more, anew.
-            await self._execute(epoch, remaining_seconds)
-        self.last_grant = (epoch, remaining_seconds)
+        async with self._lock:
+            fence = self._fence()
+            seconds = write_time(remaining_seconds, fence)
+            try:
+                await self._execute(epoch, seconds)
+            except psycopg.OperationalError:
+                # The kept connection may have died with a restart of the server (a site
+                # demoted, rewound and promoted again keeps its address): once more, anew.
+                await self._execute(epoch, seconds)
+            self.last_grant = (epoch, seconds)
+            self.fenced_by = fence
 
     async def _execute(self, epoch: int, remaining_seconds: float) -> None:
         # One kept connection, with a statement timeout: a stalled database

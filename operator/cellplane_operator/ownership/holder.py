@@ -43,6 +43,7 @@ from cellplane_operator.domain.ownership import (
 )
 from cellplane_operator.domain.failover import Handover
 from cellplane_operator.errors import StoreError
+from cellplane_operator.metrics import HolderMetrics, SelfFenceReason
 from cellplane_operator.ownership.table import GroupView, OwnershipTable
 
 __all__ = ["GroupActor", "LeaseHolder", "HolderIdentity"]
@@ -73,7 +74,8 @@ class LeaseHolder:
                  settings: LeaseSettings, clock: MonotonicClock,
                  takeover_delay_seconds: float = 0.0, compete: bool = True,
                  adopt_own_lease: bool = False,
-                 on_group_read: Callable[[GroupView], None] | None = None) -> None:
+                 on_group_read: Callable[[GroupView], None] | None = None,
+                 metrics_kind: str = "cell") -> None:
         self._table = table
         self._identity = identity
         self._actor = actor
@@ -106,6 +108,9 @@ class LeaseHolder:
         # Spreads the renewals of groups acquired together over the interval,
         # so a process holding hundreds does not renew them all in one burst.
         self._jitter = random.Random(f"{identity.cell}/{identity.region}/{identity.site}")
+        self._metrics = HolderMetrics(kind=metrics_kind, group=identity.cell, region=identity.region)
+        self._etcd_failing = False
+        """The last lease step failed on etcd: a self-fence now is etcd's doing."""
 
     @property
     def acting(self) -> bool:
@@ -114,6 +119,7 @@ class LeaseHolder:
 
     def _set(self, state: LeaseState) -> None:
         self.state = state
+        self._metrics.observe(state)
         self._changed.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -123,7 +129,9 @@ class LeaseHolder:
             while not stop.is_set():
                 try:
                     await self._step()
+                    self._etcd_failing = False
                 except StoreError as error:
+                    self._etcd_failing = True
                     log.warning("%s: etcd: %s", self._identity.cell, error)
                 except Exception:
                     # The actor (the cell database) failing must not end the
@@ -138,6 +146,7 @@ class LeaseHolder:
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
             await self._stop("holder stopped")
+            self._metrics.close()
 
     async def release(self, handover: Handover | None = None) -> bool:
         """Stop acting, then delete our owner key if it is still ours (naming the successor
@@ -170,6 +179,7 @@ class LeaseHolder:
         before = self.state.role
         self._set(observe(self.state, owner=owner, epoch=epoch, now=self._clock.monotonic()))
         if before is Role.OWNER and self.state.role is not Role.OWNER:
+            self._metrics.self_fenced(SelfFenceReason.OWNERSHIP_LOST)
             await self._stop(f"owner key gone or taken over (etcd epoch {epoch})")
         handover_to_us = (None if group.handover is None
                           else group.handover.target_site == self._identity.site)
@@ -230,7 +240,12 @@ class LeaseHolder:
         # renewal costs a quarter of the interval, not a whole one.
         self._renewal_due = now + interval / 4
         sent_at = now
-        ttl = await self._table.store.keep_alive(self.state.lease_id)
+        try:
+            ttl = await self._table.store.keep_alive(self.state.lease_id)
+        except StoreError:
+            self._metrics.renewal_failed()
+            raise
+        self._metrics.renewed(self._clock.monotonic() - sent_at)
         self._renewal_due = sent_at + interval * (1 - 0.1 * self._jitter.random())
         self._set(renewed(self.state, sent_at=sent_at, ttl=ttl))
         remaining = database_grant(self.state, now=self._clock.monotonic(), settings=self._settings)
@@ -245,6 +260,8 @@ class LeaseHolder:
             if must_self_fence(state, now=self._clock.monotonic(), settings=self._settings):
                 log.error("%s: lease not confirmed in time, self-fencing at epoch %s",
                           self._identity.cell, state.epoch)
+                self._metrics.self_fenced(SelfFenceReason.ETCD_UNREACHABLE if self._etcd_failing
+                                          else SelfFenceReason.RENEWAL_LATE)
                 self._set(self_fenced(state))
                 await self._stop("self-fenced: no renewal confirmed before deadline - margin")
                 continue

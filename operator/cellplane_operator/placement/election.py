@@ -38,7 +38,7 @@ class Leadership:
         self._table = OwnershipTable(store, prefix=ELECTIONS_PREFIX)
         self._identity = HolderIdentity(_GROUP, region, member)
         self._holder = LeaseHolder(self._table, self._identity, self, settings=settings,
-                                   clock=clock)
+                                   clock=clock, metrics_kind="election")
         self.changed = asyncio.Event()
         """Set whenever leadership starts or ends; the controller clears it."""
         self.epoch: int | None = None

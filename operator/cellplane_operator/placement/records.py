@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from cellplane_operator.errors import StoreUnavailableError
+from cellplane_operator.metrics import placement_written
 from cellplane_operator.store import Compare, Delete, EtcdStore, Put
 
 __all__ = ["TenantKey", "PlacementRecord", "PlacementRecords", "TENANTS_PREFIX"]
@@ -115,7 +116,7 @@ class PlacementRecords:
                      compares: list[Compare], operations: list[Put | Delete],
                      guard: list[Compare], what: str) -> bool:
         try:
-            return await self._store.transaction([*guard, *compares], operations,
+            done = await self._store.transaction([*guard, *compares], operations,
                                                  what=f"{what} tenant {tenant}")
         except StoreUnavailableError:
             # Unknown outcome: the key itself says whether the write landed.
@@ -123,5 +124,8 @@ class PlacementRecords:
             landed = (current is None if expected is None
                       else current is not None and current.record == expected)
             if landed:
+                placement_written(what, True)
                 return True
             raise
+        placement_written(what, done)
+        return done

@@ -12,6 +12,9 @@ moved out) is asked again once, after the map routes the tenant elsewhere (or
 holds it), within the same ``hold_seconds``. The source cell may refuse a
 frozen tenant before the router has seen the record's ``moving`` flag: the
 wait covers that gap.
+
+``GET /metrics`` serves the router's Prometheus metrics (``cellplane_router_*``,
+see docs/metrics.md) on the same port.
 """
 
 from __future__ import annotations
@@ -23,8 +26,13 @@ from dataclasses import dataclass
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cellplane_operator.domain.routing import NoRoute, Route, tenant_of_key
+from cellplane_operator.metrics import (
+    ROUTER_REGISTRY, router_answered, router_hold_ended, router_hold_started,
+    router_refused_for_tenant, router_retried,
+)
 from cellplane_operator.router.watcher import PlacementWatcher
 
 __all__ = ["RouterSettings", "create_router_app"]
@@ -62,18 +70,25 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
     app = FastAPI(title="cellplane edge router", openapi_url=None, docs_url=None, redoc_url=None)
 
     async def route_for(tenant_id: str, deadline: float) -> Route | NoRoute:
-        announced = False
-        while True:
-            version = watcher.version
-            found = watcher.map.resolve(tenant_id)
-            remaining = deadline - time.monotonic()
-            if isinstance(found, Route) or not found.transient or remaining <= 0:
-                return found
-            if not announced:
-                log.info("holding a request of tenant %s up to %.1fs: %s", tenant_id, remaining,
-                         found.message)
-                announced = True
-            await watcher.changed(version, remaining)
+        held_since: float | None = None
+        routed: bool | None = None
+        try:
+            while True:
+                version = watcher.version
+                found = watcher.map.resolve(tenant_id)
+                remaining = deadline - time.monotonic()
+                if isinstance(found, Route) or not found.transient or remaining <= 0:
+                    routed = isinstance(found, Route)
+                    return found
+                if held_since is None:
+                    log.info("holding a request of tenant %s up to %.1fs: %s", tenant_id,
+                             remaining, found.message)
+                    held_since = time.monotonic()
+                    router_hold_started(found.reason)
+                await watcher.changed(version, remaining)
+        finally:
+            if held_since is not None:
+                router_hold_ended(time.monotonic() - held_since, routed=routed)
 
     async def route_changed(tenant_id: str, used: Route, deadline: float) -> None:
         """Waits until the map no longer routes the tenant as ``used``, or the deadline.
@@ -87,14 +102,23 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
                 return
             await watcher.changed(version, remaining)
 
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(ROUTER_REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    def answered(response: Response, outcome: str) -> Response:
+        router_answered(response.status_code, outcome)
+        return response
+
     @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(path: str, request: Request) -> Response:
         authorization = request.headers.get("authorization", "")
         tenant_id = tenant_of_key(authorization[7:].strip()) if authorization.startswith(
             "Bearer ") else None
         if tenant_id is None:
-            return _error(401, "unauthenticated",
-                          "an API key is required: Authorization: Bearer <tenant key>")
+            return answered(_error(401, "unauthenticated",
+                                   "an API key is required: Authorization: Bearer <tenant key>"),
+                            "unauthenticated")
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         deadline = time.monotonic() + settings.hold_seconds
@@ -102,9 +126,11 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
             found = await route_for(tenant_id, deadline)
             if isinstance(found, NoRoute):
                 if not found.transient:
-                    return _error(401, "unauthenticated", "no tenant of this key is placed in any cell")
-                return _error(503, "cell_unavailable", found.message,
-                              retry_after=settings.retry_after_seconds)
+                    return answered(_error(401, "unauthenticated",
+                                           "no tenant of this key is placed in any cell"),
+                                    "unknown_tenant")
+                return answered(_error(503, "cell_unavailable", found.message,
+                                       retry_after=settings.retry_after_seconds), "hold_timeout")
             try:
                 upstream = await http.request(
                     request.method, f"{found.api}/v1/{path}", params=request.query_params,
@@ -115,15 +141,19 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
             moved = upstream is None or (upstream.status_code == 503
                                          and _code(upstream) in _ASK_AGAIN_CODES)
             if moved and attempt == 1:
+                router_retried(None if upstream is None else _code(upstream))
                 await route_changed(tenant_id, found, deadline)
                 continue
             if upstream is None:
-                return _error(503, "cell_unavailable", f"cell {found.cell} did not answer",
-                              retry_after=settings.retry_after_seconds)
-            return Response(upstream.content, status_code=upstream.status_code,
-                            headers={k: v for k, v in upstream.headers.items()
-                                     if k.lower() not in _HOP_HEADERS},
-                            media_type=upstream.headers.get("content-type"))
+                return answered(_error(503, "cell_unavailable", f"cell {found.cell} did not answer",
+                                       retry_after=settings.retry_after_seconds),
+                                "cell_unreachable")
+            router_refused_for_tenant(tenant_id, upstream.status_code)
+            return answered(Response(upstream.content, status_code=upstream.status_code,
+                                     headers={k: v for k, v in upstream.headers.items()
+                                              if k.lower() not in _HOP_HEADERS},
+                                     media_type=upstream.headers.get("content-type")),
+                            "forwarded")
         raise AssertionError("unreachable")
 
     return app

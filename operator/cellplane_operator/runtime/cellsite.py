@@ -12,6 +12,12 @@ for the group as soon as its database is up; a standby's competes only while
 promoting it would lose no more than the cell allows, or when a person forces
 it. Winning starts ``start_acting``, which promotes a standby first. A planned
 switchover is run by the owner (``runtime/handover.py``).
+
+A fence a person put on the Cell (``domain/fencing.py``) is kept by whichever
+site is primary: the database grant gives no write time while the annotation
+stands (``CellDatabaseGrant`` reads it at every grant), the workers are stopped,
+the API keeps answering (reads work, writes are refused by the database), and
+the lease is held all along, so nobody takes the cell over.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import asyncio
 import contextlib
 import logging
 from typing import Any
+
+import psycopg
 
 from cellplane_operator.domain.cells import (
     CellObservation,
@@ -39,9 +47,11 @@ from cellplane_operator.domain.failover import (
     site_role,
     witnessed,
 )
-from cellplane_operator.domain.ownership import Role
+from cellplane_operator.domain.fencing import ManualFence, fence_event, requested_fence
+from cellplane_operator.domain.ownership import Role, database_grant
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS
+from cellplane_operator.metrics import standby_gone, standby_observed, takeover_served
 from cellplane_operator.ownership import LeaseHolder, OwnershipTable
 from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
 from cellplane_operator.ownership.holder import HolderIdentity
@@ -84,6 +94,7 @@ class CellSiteRunner:
         self._takeover: dict[str, Any] | None = None
         """Set by ``start_acting`` when this site took the epoch from another; said once serving."""
         self._serving_epoch: int | None = None
+        self._serving_workers: int | None = None
         self._granted_epoch: int | None = None
         self._warm_epoch: int | None = None
         self._handover = PlannedHandover(ctx, self)
@@ -107,6 +118,11 @@ class CellSiteRunner:
     def grant(self) -> CellDatabaseGrant:
         assert self._grant is not None
         return self._grant
+
+    @property
+    def fence(self) -> ManualFence | None:
+        """The fence the Cell's annotation asks for, as last seen."""
+        return requested_fence(self._body["metadata"].get("annotations"))
 
     def annotation(self, key: str) -> str | None:
         value = (self._body["metadata"].get("annotations") or {}).get(key)
@@ -198,12 +214,15 @@ class CellSiteRunner:
             self._problem = f"could not start the primary database: {error}"[:1000]
             log.warning("%s: %s", self.site.name, self._problem)
             return
+        if self._epoch is not None and self._granted_epoch == self._epoch:
+            await self._keep_fence(self._epoch)
         health = await self._check()
         epoch = self._epoch
         # Processes start only once the database holds this epoch's grant: a worker that
         # the database refuses as stale stops taking work for good.
         if epoch is not None and self._granted_epoch == epoch and health.database_up and (
-                health.epoch != epoch or self._serving_epoch != epoch):
+                health.epoch != epoch or self._serving_epoch != epoch
+                or self._serving_workers != self._workers()):
             # Also when the processes run under this epoch already: an API warmed up on
             # the standby this site was runs without workers until start_serving adds them.
             health = await self._start_serving(epoch, token) or health
@@ -240,7 +259,7 @@ class CellSiteRunner:
         database = await self._ctx.driver.ensure_primary_database(self.site)
         self._database = database
         if self._grant is None or self._grant.conninfo != database.conninfo:
-            self._grant = CellDatabaseGrant(database.conninfo)
+            self._grant = CellDatabaseGrant(database.conninfo, fence=lambda: self.fence)
         return database
 
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
@@ -251,6 +270,7 @@ class CellSiteRunner:
         # Set first: if the promotion fails, the promoting step tries it again under it.
         self._epoch, self._fenced = epoch, False
         await self._become_primary()
+        standby_gone(self.cell.name, self._ctx.region)
         if was_standby:
             self._takeover = {
                 "fromRegion": previous.region if previous is not None else None,
@@ -292,9 +312,34 @@ class CellSiteRunner:
         except CellplaneError as error:
             log.error("%s: could not stop serving: %s", self.site.name, error)
 
+    async def _keep_fence(self, epoch: int) -> None:
+        """A fence put on or lifted reaches the database now, not at the next renewal: a
+        grant of the lease's remaining time, which the fence (if it stands) makes zero."""
+        grant, holder = self._grant, self.holder
+        if (grant is None or grant.fenced_by == self.fence or self._handover.in_progress
+                or holder.state.role is not Role.OWNER or holder.state.epoch != epoch):
+            return
+        remaining = database_grant(holder.state, now=self._ctx.clock.monotonic(),
+                                   settings=self.cell.lease)
+        if remaining <= 0:
+            return  # the watchdog stops the work (a zero grant); nothing to open
+        try:
+            await grant.renew_grant(epoch, remaining)
+        except psycopg.Error as error:
+            # The next renewal grants under the fence as it then stands.
+            log.warning("%s: could not apply the fence to the database grant: %s",
+                        self.site.name, error)
+
+    def _workers(self) -> int:
+        """No workers while a fence is asked for or the database still holds a fenced
+        grant: a worker the database refuses stops for good (and would be restarted)."""
+        in_force = self._grant.fenced_by if self._grant is not None else None
+        return 0 if self.fence is not None or in_force is not None else self.cell.worker_processes
+
     async def _start_serving(self, epoch: int, token: str) -> SiteHealth | None:
+        workers = self._workers()
         spec = ServingSpec(epoch=epoch, admin_token=token,
-                           worker_processes=self.cell.worker_processes,
+                           worker_processes=workers,
                            slots_per_worker=self.cell.slots_per_worker,
                            allow_private_targets=self.cell.allow_private_targets)
         try:
@@ -304,7 +349,7 @@ class CellSiteRunner:
             await self._ctx.event(self._body, "Warning", "StartFailed", str(error))
             return None
         self._problem = ""
-        self._serving_epoch = epoch
+        self._serving_epoch, self._serving_workers = epoch, workers
         await self._ctx.event(self._body, "Normal", "Serving",
                               f"cell API and {spec.worker_processes} worker process(es) of "
                               f"{self.site.name} serve under epoch {epoch}")
@@ -317,6 +362,8 @@ class CellSiteRunner:
         if takeover is None:
             return
         seconds = self._ctx.clock.monotonic() - takeover["since"]
+        takeover_served(self.cell.name, self._ctx.region, planned=bool(takeover["planned"]),
+                        seconds=seconds, promoted_in=float(takeover["promotedIn"]))
         record = {"epoch": epoch, "fromRegion": takeover["fromRegion"],
                   "toRegion": self._ctx.region, "planned": takeover["planned"],
                   "seconds": round(seconds, 3), "at": _timestamp(self._ctx.clock.now())}
@@ -358,7 +405,8 @@ class CellSiteRunner:
             admin_endpoint=health.endpoints.admin if health.endpoints and serving else None,
             draining=self.cell.draining, standby_regions=others,
             standbys=standbys, max_standby_lag_seconds=self.cell.max_standby_lag_seconds,
-            previous_phase=current.get("phase"), problem=self._problem)
+            previous_phase=current.get("phase"), problem=self._problem, fence=self.fence,
+            fence_in_force=self._grant.fenced_by if self._grant is not None else None)
         status = plan_cell_status(observed, current_conditions=current.get("conditions") or [],
                                   now=self._ctx.clock.now())
         now = self._ctx.clock.monotonic()
@@ -368,8 +416,12 @@ class CellSiteRunner:
                 and now - self._last_status_at < _STATUS_REFRESH_SECONDS):
             return
         before = current.get("phase")
+        recorded = _condition(self._last_status or current, "Fenced")
         if await self._write_status(status):
             self._last_status, self._last_status_at = status, now
+            said = fence_event(recorded, _condition(status, "Fenced"), cell=self.cell.name)
+            if said is not None:
+                await self._ctx.event(self._body, said.type, said.reason, said.message)
         if status["phase"] != before:
             ready = next(c for c in status["conditions"] if c["type"] == "Ready")
             await self._ctx.event(self._body, "Warning" if status["phase"] in
@@ -432,6 +484,8 @@ class CellSiteRunner:
                                   f"{self.site.name}: restarted {', '.join(health.restarted)}")
         self._witness = witnessed(self._witness, now=self._ctx.clock.monotonic(),
                                   streaming=health.streaming, lag_seconds=health.replay_lag_seconds)
+        standby_observed(self.cell.name, self._ctx.region, streaming=health.streaming,
+                         lag_seconds=health.replay_lag_seconds)
         message = "" if health.streaming else f"not streaming from the primary in {active_region}"
         return SiteReport(role="standby", site=self.site.name, database=database,
                           streaming=health.streaming, lag_seconds=health.replay_lag_seconds,
@@ -511,6 +565,7 @@ class CellSiteRunner:
 
     async def destroy(self) -> None:
         """The cell is gone: remove this region's site and its report."""
+        standby_gone(self.cell.name, self._ctx.region)
         with contextlib.suppress(CellplaneError):
             await self._ctx.driver.destroy(self.site)
         with contextlib.suppress(CellplaneError):
@@ -519,6 +574,10 @@ class CellSiteRunner:
 
 def _timestamp(moment: Any) -> str:
     return str(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
 def _without_lag(status: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from cellplane_operator.domain.placement import (
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.failpoints import failpoint
 from cellplane_operator.kube import TENANTMOVES
+from cellplane_operator.metrics import count_moves, move_paused, move_phase_written
 from cellplane_operator.placement.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import Stored, TenantKey
 from cellplane_operator.runtime.context import RegionContext
@@ -111,6 +112,8 @@ class MoveController:
     # -- scheduling ------------------------------------------------------------------
 
     def move_changed(self, key: TenantKey) -> None:
+        count_moves((body.get("status") or {}).get("phase")
+                    for body in self._ctx.cache.moves.values())
         self._ended.discard(key)
         self._wakes.setdefault(key, asyncio.Event()).set()
         if self._leadership.leading:
@@ -522,6 +525,7 @@ class MoveController:
                                                         replace(stored.record, moving=False))
         if paused_at is not None:
             pause_seconds = time.monotonic() - paused_at
+            move_paused(pause_seconds)
         await copy.finish_source(spec.retain_source_for_seconds)
         progress = self._progress_body(run, copy) if run is not None else dict(
             (body.get("status") or {}).get("progress") or {})
@@ -654,6 +658,7 @@ class MoveController:
         meta = body["metadata"]
         updated = await self._ctx.kube.patch(TENANTMOVES, meta["name"], {"status": status},
                                              namespace=meta["namespace"], subresource="status")
+        move_phase_written(current.get("phase"), str(status["phase"]))
         # The next step reads the phase it just wrote, not the watch's older copy.
         body["status"] = updated.get("status", status)
         body["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]

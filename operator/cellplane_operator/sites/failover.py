@@ -31,6 +31,7 @@ from psycopg.rows import TupleRow
 
 from cellplane_operator.errors import CellplaneError, SiteError
 from cellplane_operator.localplane.process import run_checked, tail
+from cellplane_operator.metrics import old_primary_fenced, old_primary_rebuilt
 from cellplane_operator.sites.base import DatabaseEndpoint, SiteKey
 from cellplane_operator.sites.database import SiteDatabase
 from cellplane_operator.sites.state import SiteLayout, SiteState
@@ -115,6 +116,7 @@ def fence(site: SiteKey, layout: SiteLayout, db: SiteDatabase, *, running: bool,
             log.warning("%s: could not reload and terminate before the stop: %s",
                         site.name, error)
     stop()
+    old_primary_fenced(site.cell, site.region)
     log.info("%s: fenced in %.2fs (%d sessions terminated)", site.name,
              time.monotonic() - began, terminated)
 
@@ -148,6 +150,7 @@ def rewind_or_clone(site: SiteKey, layout: SiteLayout, db: SiteDatabase,
         run_checked([pg_rewind, f"--target-pgdata={db.data_dir}",
                      f"--source-server={primary.conninfo}", "--progress"],
                     log=db.log, user=os_user)
+        old_primary_rebuilt(site.cell, site.region, "pg_rewind")
         return "pg_rewind"
     except CellplaneError as error:
         log.warning("%s: pg_rewind failed, falling back to a fresh base backup (the old "
@@ -155,6 +158,7 @@ def rewind_or_clone(site: SiteKey, layout: SiteLayout, db: SiteDatabase,
         if not aside.exists():
             db.data_dir.rename(aside)
         db.init_standby(primary)
+        old_primary_rebuilt(site.cell, site.region, "base backup")
         return "base backup"
 
 
