@@ -274,6 +274,11 @@ def test_a_fence_refuses_writes_without_a_takeover_outlives_a_kill_and_lifts(
     assert REASON in fence["message"] and status["epoch"] == held.owner.epoch
     assert condition(status, "Ready")["reason"] == "FencedByUser"
     assert [m for m in cell_events(plane, "Fenced") if REASON in m], cell_events(plane, "Fenced")
+    # The tenant says who stopped its writes, not that its cell is merely not ready.
+    tenant_status = plane.await_status(
+        "tenant", "acme", lambda s: condition(s, "Ready").get("reason") == "CellFenced",
+        namespace="fencing", timeout=30)
+    assert f"unfence {CELL}" in condition(tenant_status, "Ready")["message"]
     # The workers are stopped rather than refused and restarted over and over.
     wait_for(lambda: worker_processes(plane) == 0, timeout=30, what="the workers to stop")
 
@@ -331,6 +336,7 @@ def test_a_fence_refuses_writes_without_a_takeover_outlives_a_kill_and_lifts(
     assert (fence["status"], fence["reason"]) == ("False", "NotFenced")
     assert status["epoch"] == held.owner.epoch and group(plane).owner == held.owner
     assert cell_events(plane, "Unfenced")
+    plane.await_status("tenant", "acme", ready, namespace="fencing", timeout=60)
     again = kubectl_cellplane(plane.kube, "unfence", CELL)
     assert (again.returncode, again.stdout) == (0, f"cell {CELL} is not fenced\n")
 

@@ -422,8 +422,9 @@ class CellSiteRunner:
             said = fence_event(recorded, _condition(status, "Fenced"), cell=self.cell.name)
             if said is not None:
                 await self._ctx.event(self._body, said.type, said.reason, said.message)
-        if status["phase"] != before:
-            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        # A fence a person put on has its own Fenced / Unfenced Events (above).
+        if status["phase"] != before and ready["reason"] != "FencedByUser":
             await self._ctx.event(self._body, "Warning" if status["phase"] in
                                   ("Degraded", "Fenced") else "Normal",
                                   f"Phase{status['phase']}", ready["message"])

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from cellplane_cells.domain.plans import Quotas
 
 from cellplane_operator.domain.cells import SERVING_PHASES, CellName, Region, Tier
+from cellplane_operator.domain.fencing import requested_fence
 from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads,
     dedicated_cell_name, place, tenant_id,
@@ -209,6 +210,16 @@ class TenantController:
         cell = self._ctx.cache.cells.get(record.cell)
         cell_status = (cell or {}).get("status") or {}
         phase, endpoints = cell_status.get("phase"), cell_status.get("endpoints") or {}
+        fence = requested_fence(((cell or {}).get("metadata") or {}).get("annotations"))
+        if fence is not None:
+            # A person stopped the cell's writes on purpose: say so, rather than
+            # "not ready", so the tenant's owner knows who to ask.
+            await self._report(key, body, replace(
+                progress, reason="CellFenced",
+                message=f"cell {record.cell} is fenced ({fence.reason}): writes are refused "
+                        f"until `kubectl cellplane unfence {record.cell}`"))
+            self._retry_later(key)
+            return
         if cell is None or phase not in SERVING_PHASES or not endpoints.get("admin"):
             await self._report(key, body, replace(
                 progress, message=f"cell {record.cell} is {phase or 'not reporting yet'}; the "
