@@ -277,7 +277,7 @@ async def test_sites_stop_stops_every_process_of_every_site(sites: Sites) -> Non
     running = set(sites.pids(PRIMARY).values()) | set(sites.pids(STANDBY).values())
     assert len(running) == 5 and all(alive(pid) for pid in running)
 
-    # `cellplane sites stop`, as the README tells a user to run it (stop_all_sites inside).
+    # `cellplane sites stop`, as docs/configuration.md tells a user to run it (stop_all_sites inside).
     result = subprocess.run([sys.executable, "-m", "cellplane_operator", "sites", "stop",
                              "--state-dir", str(sites.state_dir)],
                             capture_output=True, text=True, timeout=120, check=True)
