@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl and etcd from their Go modules at the versions
-# pinned in hack/versions.env, into a cache outside the repository.
+# Builds kube-apiserver, kubectl, etcd and helm from their Go modules at the
+# versions pinned in hack/versions.env, into a cache outside the repository.
 # Idempotent: a binary already built for its pinned version is left alone.
 set -euo pipefail
 trap 'echo "build-binaries: failed at line $LINENO (exit $?)" >&2' ERR
@@ -62,6 +62,27 @@ build_from_module() {
     echo "$version" > "$bin/.$name.version"
 }
 
+install_from_module() {
+    # `go install pkg@version` builds with the module's own go.mod and go.sum, so
+    # every dependency is the one upstream released with. It refuses modules with
+    # replace directives; those (kubernetes, etcd) go through build_from_module.
+    local name="$1" package="$2" version="$3" ldflags="$4"
+    local staging="$cache/src/$name-$version.bin"
+    rm -rf "$staging"
+    mkdir -p "$staging"
+    say "$name: go install $package@$version"
+    GOBIN="$staging" go install -trimpath -ldflags "$ldflags" "$package@$version"
+    mv "$staging/$name" "$bin/$name"
+    rmdir "$staging"
+    echo "$version" > "$bin/.$name.version"
+}
+
+# The minor version of k8s.io/client-go a module requires (37 for v0.37.0), so
+# helm's built-in default Kubernetes version matches the client it was built with.
+client_go_minor() {
+    sed -n 's/^[[:space:]]*k8s\.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$1" | head -n 1
+}
+
 up_to_date() { [ -f "$bin/.$1.version" ] && [ "$(cat "$bin/.$1.version")" = "$2" ] && [ -x "$bin/$3" ]; }
 
 main() {
@@ -85,10 +106,23 @@ main() {
         say "etcd built in $((SECONDS - start)) s"
     fi
 
+    if up_to_date helm "$HELM_VERSION" helm; then
+        say "helm $HELM_VERSION already built in $bin"
+    else
+        start=$SECONDS
+        local helm_gomod helm_k8s_minor
+        helm_gomod="$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+        helm_k8s_minor="$(client_go_minor "$helm_gomod")"
+        install_from_module helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
+            "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$helm_k8s_minor -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$helm_k8s_minor"
+        say "helm built in $((SECONDS - start)) s"
+    fi
+
     say "binaries ready in $bin:"
     "$bin/kube-apiserver" --version
     "$bin/kubectl" version --client 2>/dev/null | sed -n 1p
     "$bin/etcd" --version | sed -n 1p
+    "$bin/helm" version --short
 }
 
 # Sourcing the script (as its unit test does) defines the functions only.

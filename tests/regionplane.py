@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import psycopg
 
+import chartinstall
 from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
 from cellplane_operator.localplane.process import descendants, wait_for
@@ -71,13 +72,20 @@ class RegionPlane:
              "--state-dir", str(self.state_dir(region)), "--resync-seconds", "5", *FAST_ELECTION,
              *self._metrics_args(region, metrics)],
             log=self.kube.run_dir / "logs" / f"operator-{region}{log_suffix}.log",
-            env={"KUBECONFIG": str(self.kube.kubeconfig), **(env or {})},
+            env={"KUBECONFIG": str(self._operator_kubeconfig()), **(env or {})},
         )
         process.start()
         self._started.append(process)
         if register:
             self.operators[region] = process
         return process
+
+    def _operator_kubeconfig(self) -> Path:
+        """The admin's kubeconfig; with CELLPLANE_OPERATOR_IDENTITY=chart, that of the Helm
+        chart's ServiceAccount (the chart installed on first use, tests/chartinstall.py)."""
+        if not chartinstall.chart_identity_requested():
+            return self.kube.kubeconfig
+        return chartinstall.operator_kubeconfig(self.kube, self.regions)
 
     def _metrics_args(self, region: str, metrics: bool) -> list[str]:
         if not metrics:
@@ -98,6 +106,8 @@ class RegionPlane:
             except ProcessLookupError:
                 continue
             raise AssertionError(f"site process {pid} outlived the test")
+        if chartinstall.chart_identity_requested():
+            chartinstall.check_operator_logs(self.kube, [p.log for p in self._started])
         return pids
 
     def kill_region(self, region: str) -> float:

@@ -41,3 +41,18 @@ def test_local_replaces_become_published_versions(tmp_path: Path) -> None:
         "-replace=k8s.io/client-go=k8s.io/client-go@v0.37.2",
         "-replace=go.etcd.io/etcd/api/v3=go.etcd.io/etcd/api/v3@v0.37.2",
     ]
+
+
+def test_helm_is_told_the_kubernetes_minor_of_the_client_it_is_built_with(tmp_path: Path) -> None:
+    # helm's default Kubernetes version (Capabilities.KubeVersion in `helm template`)
+    # comes from ldflags; build-binaries.sh reads it from helm's own go.mod.
+    gomod = tmp_path / "go.mod"
+    gomod.write_text("module helm.sh/helm/v3\n\nrequire (\n\tk8s.io/api v0.37.0\n"
+                     "\tk8s.io/client-go v0.37.0\n\tk8s.io/client-go/extra v0.99.0\n)\n")
+    script = REPO / "hack" / "build-binaries.sh"
+    result = subprocess.run(
+        ["bash", "-c", f'source "{script}"; client_go_minor "{gomod}"'],
+        capture_output=True, text=True, check=True,
+    )
+    assert result.stdout.strip() == "37"
+

@@ -1,8 +1,8 @@
 """Where the real programs are, at the versions pinned in ``hack/versions.env``.
 
-``hack/build-binaries.sh`` builds kube-apiserver, kubectl and etcd into a cache
-outside the repository; PostgreSQL comes from Debian's packages. This module only
-finds them and says clearly what to run when one is missing.
+``hack/build-binaries.sh`` builds kube-apiserver, kubectl, etcd and helm into a
+cache outside the repository; PostgreSQL comes from Debian's packages. This module
+only finds them and says clearly what to run when one is missing.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cellplane_operator.errors import BinaryNotFoundError
 
-__all__ = ["Binaries", "default_cache_dir"]
+__all__ = ["Binaries", "default_cache_dir", "built_bin_dir", "helm_binary"]
 
 _BUILD_HINT = "run `bash hack/setup.sh` (it builds the pinned versions from their Go modules)"
 
@@ -25,6 +25,23 @@ def default_cache_dir() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "cellplane"
+
+
+def built_bin_dir() -> Path:
+    """Where the Go-built programs are (``$CELLPLANE_BIN_DIR`` overrides the cache's ``bin``)."""
+    return Path(os.environ.get("CELLPLANE_BIN_DIR") or default_cache_dir() / "bin")
+
+
+def helm_binary() -> Path:
+    """helm, built from helm.sh/helm/v3 at the pinned version.
+
+    Apart from ``Binaries``: the local control plane never runs helm; only the chart's
+    tests (and people installing charts/cellplane) do.
+    """
+    path = built_bin_dir() / "helm"
+    if not os.access(path, os.X_OK):
+        raise BinaryNotFoundError(f"{path} is missing: {_BUILD_HINT}")
+    return path
 
 
 @dataclass(frozen=True)
@@ -42,7 +59,7 @@ class Binaries:
 
     @classmethod
     def discover(cls, *, postgres_major: int = 15) -> Binaries:
-        bin_dir = Path(os.environ.get("CELLPLANE_BIN_DIR") or default_cache_dir() / "bin")
+        bin_dir = built_bin_dir()
         found = cls(
             kube_apiserver=bin_dir / "kube-apiserver",
             kubectl=bin_dir / "kubectl",
