@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The main job: set up what is missing, then run the local demo (a 3-member etcd,
-# a kube-apiserver with the CRDs, the operator, a sample Cell, `kubectl get cells`).
-# Extra arguments go to `cellplane demo`, e.g. --keep to stay up.
+# The main job: set up what is missing, then run the local demo: three regions (an etcd
+# member, an operator, a router and the cells' sites each) under one kube-apiserver; sample
+# Cells and Tenants of every plan; a load of jobs with a noisy tenant; a tenant moved; a
+# region killed, taken over, brought back and fenced; the reconciliation report; and a
+# summary table. Extra arguments go to `cellplane demo`: --short (CI), --keep (stay up for
+# kubectl), --json (the summary as JSON on stdout), --stop; see `cellplane demo --help`.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-bash "$here/setup.sh"
+# setup.sh says what it installs; with --json its lines go to stderr, so stdout stays JSON.
+bash "$here/setup.sh" >&2
 exec "$(dirname "$here")/.venv/bin/cellplane" demo "$@"

@@ -5,7 +5,7 @@
     cellplane move TENANT --to CELL [--wait]             move a tenant to another cell
     cellplane sites stop --state-dir DIR  stop the site processes an operator left running
     cellplane local up [--regions a,b,c]  start etcd, kube-apiserver and the CRDs
-    cellplane demo                        the local demo: 3 regions, their operators, Cells, Tenants
+    cellplane demo [--short] [--keep]     the local demo: 3 regions, a load, a move, a region lost
     cellplane cell {migrate,work,serve}   a cell's own processes
 """
 
@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -99,11 +97,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="where to write endpoints, PIDs and the kubeconfig path")
     up.set_defaults(run=_run_local_up)
 
-    demo = commands.add_parser("demo", help="bring up the local control plane and one operator "
-                               "per region, apply sample Cells and Tenants, show them placed")
-    demo.add_argument("--keep", action="store_true",
-                      help="stay up after the demo until interrupted")
-    demo.set_defaults(run=_run_demo)
+    from cellplane_operator.demo import add_demo_command
+
+    add_demo_command(commands)
 
     ownership = commands.add_parser("ownership", help="placement-group ownership leases")
     ownership_commands = ownership.add_subparsers(title="ownership commands")
@@ -359,118 +355,6 @@ def _run_local_up(args: argparse.Namespace) -> int:
     finally:
         plane.stop()
         args.state.unlink(missing_ok=True)
-    return EXIT_OK
-
-
-DEMO_REGIONS = ("region-a", "region-b", "region-c")
-
-SAMPLE = """\
-apiVersion: cellplane.io/v1alpha1
-kind: Cell
-metadata:
-  name: shared-a1
-spec:
-  region: region-a
-  tier: shared
-  capacity: {tenants: 50, workerSlots: 200}
-  standbyRegions: [region-b]
----
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: demo
----
-apiVersion: cellplane.io/v1alpha1
-kind: Tenant
-metadata:
-  name: acme
-  namespace: demo
-spec:
-  plan: pro
-  homeRegion: region-a
-  regionPolicy: HOME_ASYNC
----
-apiVersion: cellplane.io/v1alpha1
-kind: Tenant
-metadata:
-  name: globex
-  namespace: demo
-spec:
-  plan: enterprise
-  isolation: dedicated
-  homeRegion: region-c
-  deletionPolicy: Delete
-"""
-
-
-def _run_demo(args: argparse.Namespace) -> int:
-    import json
-
-    from cellplane_operator.localplane import LocalControlPlane
-    from cellplane_operator.localplane.controlplane import LocalPlaneConfig
-    from cellplane_operator.localplane.process import ManagedProcess, wait_for
-    from cellplane_operator.sites.local import stop_all_sites
-
-    started = time.monotonic()
-    plane = LocalControlPlane(LocalPlaneConfig(regions=DEMO_REGIONS))
-    print(f"[demo] starting a 3-member etcd and a kube-apiserver (run dir {plane.run_dir})")
-    operators: list[ManagedProcess] = []
-    try:
-        plane.start()
-        print(f"[demo] control plane up in {time.monotonic() - started:.1f}s; "
-              f"starting one operator per region")
-        for region in DEMO_REGIONS:
-            operator = ManagedProcess(
-                f"operator-{region}",
-                [sys.executable, "-m", "cellplane_operator", "operator", "--region", region,
-                 "--etcd", ",".join(plane.etcd.endpoints), "--regions", ",".join(DEMO_REGIONS),
-                 "--state-dir", str(plane.run_dir / "sites" / region)],
-                log=plane.run_dir / "logs" / f"operator-{region}.log",
-                env={"KUBECONFIG": str(plane.kubeconfig)})
-            operator.start()
-            operators.append(operator)
-
-        def alive() -> None:
-            for operator in operators:
-                operator.check_alive()
-
-        print("[demo] kubectl apply: Cell shared-a1 (standby in region-b), Tenant demo/acme "
-              "(pro, HOME_ASYNC), Tenant demo/globex (enterprise, dedicated)")
-        print(plane.kubectl("apply", "-f", "-", input_text=SAMPLE).stdout.rstrip())
-
-        def phases() -> dict[str, str]:
-            listed = json.loads(plane.kubectl("get", "tenants", "-A", "-o", "json").stdout)
-            return {item["metadata"]["name"]: (item.get("status") or {}).get("phase", "Pending")
-                    for item in listed["items"]}
-
-        last: dict[str, str] = {}
-
-        def all_ready() -> bool:
-            nonlocal last
-            now = phases()
-            if now != last:
-                print(f"[demo] {time.monotonic() - started:5.1f}s tenants: "
-                      + ", ".join(f"{name}={phase}" for name, phase in sorted(now.items())))
-                last = now
-            return bool(now) and all(phase == "Ready" for phase in now.values())
-
-        wait_for(all_ready, timeout=240, interval=0.5, alive=alive,
-                 what="every Tenant to be Ready (cells provisioned, tenants placed)")
-        print("[demo] kubectl get cells,tenants -A")
-        print(plane.kubectl("get", "cells,tenants", "-A").stdout.rstrip())
-        print("[demo] kubectl describe tenant acme -n demo")
-        print(plane.kubectl("describe", "tenant", "acme", "-n", "demo").stdout.rstrip())
-        if args.keep:
-            print(f"[demo] staying up; export KUBECONFIG={plane.kubeconfig}; Ctrl-C to stop")
-            _wait_for_interrupt()
-    finally:
-        for operator in operators:
-            operator.stop()
-        for region in DEMO_REGIONS:
-            stop_all_sites(plane.run_dir / "sites" / region)
-        plane.stop()
-    plane.remove()
-    print(f"[demo] done in {time.monotonic() - started:.1f}s; every process stopped")
     return EXIT_OK
 
 
