@@ -263,7 +263,7 @@ def _cell_row(cell: Mapping[str, Any]) -> dict[str, Any]:
         "tenants": _integer(status.get("tenants")),
         "slotsInUse": _integer(status.get("slotsInUse")),
         "workerSlots": _integer(capacity.get("workerSlots")),
-        "standbys": _standbys(spec.get("standbyRegions") or [], status.get("standbys") or [],
+        "standbys": _standbys(spec, status,
                               _DEFAULT_MAX_LAG_SECONDS if max_lag is None else max_lag),
         "fenced": fence_shown(cell),
         "fenceReason": _fence_reason(cell),
@@ -292,13 +292,20 @@ def _fenced_condition(cell: Mapping[str, Any]) -> Mapping[str, Any]:
     return found or {}
 
 
-def _standbys(regions: Sequence[Any], reported: Sequence[Any],
+def _standbys(spec: Mapping[str, Any], status: Mapping[str, Any],
               max_lag: float) -> list[dict[str, Any]]:
-    """One entry per standby region of the spec or of the status (a region just removed from
-    the spec may still report), with a state: streaming, lagging, not streaming or no report."""
-    reports = {str(r.get("region")): r for r in reported if isinstance(r, Mapping)}
+    """One entry per region of the cell other than the active one, from the spec or the
+    status (a region just removed from the spec may still report), with a state:
+    streaming, lagging, not streaming or no report. After a takeover the home region is
+    a standby and the region that took over is not."""
+    reports = {str(r.get("region")): r for r in status.get("standbys") or []
+               if isinstance(r, Mapping)}
+    regions = {str(r) for r in spec.get("standbyRegions") or []} | set(reports)
+    if spec.get("region"):
+        regions.add(str(spec["region"]))
+    regions.discard(str(status.get("activeRegion") or spec.get("region")))
     entries: list[dict[str, Any]] = []
-    for region in sorted({str(r) for r in regions} | set(reports)):
+    for region in sorted(regions):
         report: Mapping[str, Any] = reports.get(region) or {}
         streaming = report.get("streaming") if isinstance(report.get("streaming"), bool) else None
         lag = _number(report.get("lagSeconds"))

@@ -103,6 +103,16 @@ def test_standbys_say_streaming_lagging_or_not_streaming_against_the_cells_own_l
     assert status_summary([patient], [])["cells"][0]["standbys"][0]["state"] == "streaming"
 
 
+def test_after_a_takeover_the_home_region_is_the_standby_and_the_new_active_is_not() -> None:
+    status = {**SERVING, "activeRegion": "region-b", "epoch": 4,
+              "standbys": [{"region": "region-a", "streaming": True, "lagSeconds": 0.5}]}
+    taken_over = cell("shared-a1", status=status, standby_regions=("region-b",))
+    assert [(s["region"], s["state"]) for s in
+            status_summary([taken_over], [])["cells"][0]["standbys"]] == [
+        ("region-a", "streaming")]
+    assert lines(render_status([taken_over], []))[1].endswith("region-a 0.5s")
+
+
 def test_empty_lists_say_so() -> None:
     assert render_status([], []) == "No cells.\n\nNo tenants.\n"
     assert status_summary([], []) == {"cells": [], "tenants": []}
