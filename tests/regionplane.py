@@ -267,3 +267,23 @@ def ready_cell(plane: RegionPlane, name: str, region: str = "region-a", **kwargs
     return plane.await_status("cell", name, lambda s: ready(s) and bool(s.get("endpoints")),
                               timeout=120)
 
+
+def cell_processes(cell_name: str) -> dict[str, list[int]]:
+    """Every live process that serves ``cell_name``, by role, read from /proc."""
+    found: dict[str, list[int]] = {"serve": [], "work": [], "postgres": []}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = [a.decode(errors="replace") for a in argv]
+        if f"CELLPLANE_CELL_NAME={cell_name}".encode() in environ and "cell" in text:
+            role = "serve" if "serve" in text else "work" if "work" in text else None
+            if role:
+                found[role].append(int(entry.name))
+        elif text and text[0].endswith("/postgres") and any(f"/{cell_name}@" in a for a in text):
+            found["postgres"].append(int(entry.name))
+    return found

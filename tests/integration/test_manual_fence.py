@@ -40,6 +40,7 @@ from regionplane import (
     RegionPlane,
     cell,
     cell_database,
+    cell_processes,
     condition,
     db_rows,
     etcd,
@@ -196,18 +197,7 @@ def api_of(plane: RegionPlane, name: str) -> str:
 
 def worker_processes(plane: RegionPlane, name: str = CELL) -> int:
     """The cell's worker processes alive now, read from /proc."""
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"CELLPLANE_CELL_NAME={name}".encode() in environ and b"work" in argv:
-            count += 1
-    return count
+    return len(cell_processes(name)["work"])
 
 
 def refused_by_the_database(answer: httpx.Response) -> bool:

@@ -10,9 +10,7 @@ starting second copies.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +19,7 @@ from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import TenantKey
 from regionplane import RegionPlane, tenant
-from regionplane import cell_database, db_rows, ready, ready_cell, records
+from regionplane import cell_database, cell_processes, db_rows, ready, ready_cell, records
 
 
 @pytest.fixture(scope="module")
@@ -82,31 +80,10 @@ def test_killed_between_placement_steps_the_tenant_is_placed_exactly_once(
     assert len(placed_events(plane, ns, "crashy")) == (0 if point == "tenant-after-record" else 1)
 
 
-def _site_processes(cell_name: str) -> dict[str, list[int]]:
-    """Every live process that serves ``cell_name``, by role, read from /proc."""
-    found: dict[str, list[int]] = {"serve": [], "work": [], "postgres": []}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        text = [a.decode(errors="replace") for a in argv]
-        if f"CELLPLANE_CELL_NAME={cell_name}".encode() in environ and "cell" in text:
-            role = "serve" if "serve" in text else "work" if "work" in text else None
-            if role:
-                found[role].append(int(entry.name))
-        elif text and text[0].endswith("/postgres") and any(f"/{cell_name}@" in a for a in text):
-            found["postgres"].append(int(entry.name))
-    return found
-
-
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_a_restarted_operator_adopts_its_sites_and_their_lease(plane: RegionPlane, how: str) -> None:
     before = plane.await_status("cell", "crash-a1", ready)
-    processes = _site_processes("crash-a1")
+    processes = cell_processes("crash-a1")
     assert len(processes["postgres"]) == 1 and len(processes["serve"]) == 1, processes
     assert len(processes["work"]) >= 1
 
@@ -119,7 +96,7 @@ def test_a_restarted_operator_adopts_its_sites_and_their_lease(plane: RegionPlan
     after = plane.await_status("cell", "crash-a1", ready)
     # Same epoch, same processes: the cell never stopped for the operator's restart.
     assert after["epoch"] == before["epoch"]
-    assert _site_processes("crash-a1") == processes
+    assert cell_processes("crash-a1") == processes
     assert after["endpoints"] == before["endpoints"]
 
 
