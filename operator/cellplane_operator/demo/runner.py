@@ -308,9 +308,10 @@ class DemoRun:
                                     if waiting else ""))
 
         try:
-            self.await_condition("the acknowledged jobs to finish (the noisy tenant's backlog "
-                                 "runs 3 at a time; jobs claimed in the lost region resume "
-                                 "when their 30 s claim lease runs out)", finished,
+            noisy_cap = next(t for t in scene.TENANTS if t.name == scene.NOISY).max_running
+            self.await_condition(f"the acknowledged jobs to finish (the noisy tenant's backlog "
+                                 f"runs {noisy_cap} at a time; jobs claimed in the lost region "
+                                 "resume when their 30 s claim lease runs out)", finished,
                                  timeout=self.settings.finish_timeout)
         except DemoFailed as timeout:
             self.timeline.say(f"not every job finished: {timeout}")
