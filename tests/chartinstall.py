@@ -40,7 +40,8 @@ FIELD_MANAGER = "cellplane-chart-test"
 
 # An apiserver refusal as the operator logs it (kube/client.py: "<METHOD> <path>: 403
 # Forbidden: ...") or as kopf does (APIForbiddenError, "Not enough permissions").
-REFUSAL = re.compile(r"\b403\b|Forbidden|forbidden:|Not enough permissions")
+# Not a bare 403: a log line's timestamp has milliseconds (",403").
+REFUSAL = re.compile(r": 403\b|Forbidden|forbidden:|Not enough permissions")
 # The one 403 that is no RBAC matter: the cell-deletion guard's answer (reason
 # Forbidden) to deleting a Cell that still counts tenants.
 ADMISSION_DENIAL = "ValidatingAdmissionPolicy"

@@ -52,3 +52,13 @@ def test_every_value_has_a_comment_right_above_it() -> None:
         if line.strip():
             previous = line
     assert not uncommented, f"values.yaml keys without a comment: {uncommented}"
+
+
+def test_a_refusal_is_told_from_a_timestamp_that_ends_in_403() -> None:
+    from chartinstall import REFUSAL
+
+    assert not REFUSAL.search("2026-11-29 20:21:21,403 INFO kopf.objects: Handler 'cell_event' "
+                              "succeeded.")
+    assert REFUSAL.search("PATCH /apis/cellplane.io/v1alpha1/tenants/x/status: 403 Forbidden: "
+                          "tenants.cellplane.io \"x\" is forbidden")
+    assert REFUSAL.search("kopf._core.actions.application: Not enough permissions to patch")
