@@ -8,6 +8,12 @@ the TenantMove and reads its status, so ``kubectl apply`` of the same object doe
 the same. The name goes to stdout (for scripts); the progress goes to stderr: one
 redrawn line on a terminal, one line per change otherwise.
 
+A move that cannot start is refused before anything is written, in one line with
+exit 1: an unknown tenant, an unknown cell (for a shared tenant; a dedicated one
+moves into a cell the move makes), the tenant's own cell, or a cell of the wrong
+tier. What only the operators can judge (readiness, room) the TenantMove's status
+says, and ``--wait`` prints.
+
 Exit codes with ``--wait``: 0 the move completed (or, for ``--abort``, aborted),
 1 it ended otherwise (the reason is printed), 2 it had not ended by ``--timeout``
 (it goes on: the command only stops watching).
@@ -24,9 +30,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from cellplane_operator.errors import CellplaneError, KubeConflictError
-from cellplane_operator.kube import TENANTMOVES, KubeClient, KubeConfig
+from cellplane_operator.kube import CELLS, TENANTMOVES, TENANTS, KubeClient, KubeConfig
 
-__all__ = ["add_move_command", "run_move", "render_progress", "ending_reason", "move_name"]
+__all__ = ["add_move_command", "run_move", "render_progress", "ending_reason", "move_name",
+           "move_refusal"]
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
 EXIT_USAGE = 2
@@ -176,8 +183,33 @@ async def _run(args: argparse.Namespace, out: IO[str], err: IO[str], follow: _Fo
         await kube.close()
 
 
+def move_refusal(tenant: Mapping[str, Any] | None, cell: Mapping[str, Any] | None, *,
+                 tenant_name: str, namespace: str, target: str) -> str | None:
+    """Why a move of ``tenant`` to cell ``target`` cannot start, or None: the operators'
+    own refusals (domain/moves.py admit_move) that the objects as read already show."""
+    if tenant is None:
+        return f"no tenant {namespace}/{tenant_name}"
+    isolation = str((tenant.get("spec") or {}).get("isolation") or "shared")
+    if cell is None:
+        # A dedicated tenant's move makes the cell it names.
+        return None if isolation == "dedicated" else f"no cell {target}"
+    if (tenant.get("status") or {}).get("cell") == target:
+        return f"tenant {namespace}/{tenant_name} is in cell {target} already"
+    tier = str((cell.get("spec") or {}).get("tier") or "shared")
+    if tier != isolation:
+        return (f"cell {target} is {tier}; tenant {namespace}/{tenant_name} needs a "
+                f"{isolation} cell")
+    return None
+
+
 async def _create(kube: KubeClient, args: argparse.Namespace, namespace: str, out: IO[str],
                   err: IO[str], follow: _Follower) -> int:
+    refusal = move_refusal(await kube.get(TENANTS, args.tenant, namespace=namespace),
+                           await kube.get(CELLS, args.cell), tenant_name=args.tenant,
+                           namespace=namespace, target=args.cell)
+    if refusal is not None:
+        print(f"cellplane move: {refusal}", file=err)
+        return EXIT_FAILED
     name = args.name or move_name(args.tenant, args.cell)
     spec: dict[str, Any] = {"tenant": args.tenant, "targetCell": args.cell}
     if args.max_write_pause is not None:

@@ -13,6 +13,7 @@ from cellplane_operator.move_cli import (
     add_move_command,
     ending_reason,
     move_name,
+    move_refusal,
     render_progress,
     run_move,
 )
@@ -108,3 +109,28 @@ def test_arguments_that_name_no_single_action_are_refused(argv: list[str]) -> No
     err = io.StringIO()
     assert run_move(args, out=io.StringIO(), err=err) == 2
     assert "cellplane move:" in err.getvalue()
+
+
+def _tenant(isolation: str = "shared", cell: str | None = None) -> dict[str, Any]:
+    return {"spec": {"plan": "pro", "isolation": isolation},
+            "status": {"cell": cell} if cell else {}}
+
+
+def _cell(tier: str) -> dict[str, Any]:
+    return {"spec": {"tier": tier}}
+
+
+@pytest.mark.parametrize(("tenant", "cell", "said"), [
+    (None, _cell("shared"), "no tenant team-a/acme"),
+    (_tenant(), None, "no cell b1"),
+    (_tenant(cell="b1"), _cell("shared"), "tenant team-a/acme is in cell b1 already"),
+    (_tenant(), _cell("dedicated"), "cell b1 is dedicated; tenant team-a/acme needs a shared cell"),
+    (_tenant("dedicated"), _cell("shared"),
+     "cell b1 is shared; tenant team-a/acme needs a dedicated cell"),
+    (_tenant(cell="a1"), _cell("shared"), None),
+    # A dedicated tenant's move makes the cell it names.
+    (_tenant("dedicated", cell="a1"), None, None),
+])
+def test_a_move_that_cannot_start_is_refused_before_anything_is_written(
+        tenant: dict[str, Any] | None, cell: dict[str, Any] | None, said: str | None) -> None:
+    assert move_refusal(tenant, cell, tenant_name="acme", namespace="team-a", target="b1") == said
