@@ -135,13 +135,14 @@ class RegionPlane:
                                    metrics=region in self.metrics)
 
     def start_router(self, etcd_endpoints: list[str], *, hold_seconds: float,
-                     name: str = "router") -> tuple[ManagedProcess, str]:
-        """``cellplane router`` as its own process, answering; (process, base URL)."""
+                     name: str = "router", metrics: bool = False) -> tuple[ManagedProcess, str]:
+        """``cellplane router`` as its own process, answering; (process, base URL).
+        ``metrics``: it serves /metrics on a free port of its own (``self.metrics[name]``)."""
         port = free_port()
         process = ManagedProcess(
             name, [sys.executable, "-m", "cellplane_operator", "router", "--etcd",
                    ",".join(etcd_endpoints), "--port", str(port),
-                   "--hold-seconds", str(hold_seconds)],
+                   "--hold-seconds", str(hold_seconds), *self._metrics_args(name, metrics)],
             log=self.kube.run_dir / "logs" / f"{name}.log")
         process.start()
         url = f"http://{LOOPBACK}:{port}"

@@ -131,6 +131,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="comma-separated host:port of the etcd members (env CELLPLANE_ETCD)")
     router.add_argument("--host", default="127.0.0.1")
     router.add_argument("--port", type=int, default=8000)
+    router.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address of the Prometheus /metrics endpoint (not the public "
+                             "port: the per-tenant counters name tenants)")
+    router.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus metrics on this port; 0: none")
     router.add_argument("--hold-seconds", type=float, default=15.0,
                         help="how long a request waits for a cell without an owner before 503")
     router.set_defaults(run=_run_router)
@@ -183,7 +188,7 @@ def _run_operator(args: argparse.Namespace) -> int:
         namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
         resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True)
     driver = LocalSiteDriver(Binaries.discover(), settings.state_dir)
-    if args.metrics_port and not _serve_operator_metrics(args.metrics_host, args.metrics_port):
+    if args.metrics_port and not _serve_metrics("operator", args.metrics_host, args.metrics_port):
         return EXIT_FAILED
     memo = kopf.Memo(settings=settings, driver=driver)
     asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
@@ -191,17 +196,19 @@ def _run_operator(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _serve_operator_metrics(host: str, port: int) -> bool:
-    """/metrics on a thread of its own (prometheus_client's server), so a scrape never
-    waits on kopf's event loop; False after saying on stderr why it cannot listen."""
+def _serve_metrics(command: str, host: str, port: int) -> bool:
+    """/metrics of the operator or the router on a thread of its own (prometheus_client's
+    server), so a scrape never waits on the event loop; False after saying on stderr why
+    it cannot listen."""
     from prometheus_client import start_http_server
 
-    from cellplane_operator.metrics import OPERATOR_REGISTRY
+    from cellplane_operator.metrics import OPERATOR_REGISTRY, ROUTER_REGISTRY
 
+    registry = OPERATOR_REGISTRY if command == "operator" else ROUTER_REGISTRY
     try:
-        start_http_server(port, addr=host, registry=OPERATOR_REGISTRY)
+        start_http_server(port, addr=host, registry=registry)
     except OSError as error:
-        print(f"cellplane operator: cannot serve metrics on {host}:{port}: {error}",
+        print(f"cellplane {command}: cannot serve metrics on {host}:{port}: {error}",
               file=sys.stderr)
         return False
     return True
@@ -235,6 +242,8 @@ def _run_router(args: argparse.Namespace) -> int:
     if not endpoints:
         print("cellplane router: --etcd (or CELLPLANE_ETCD) is required", file=sys.stderr)
         return EXIT_USAGE
+    if args.metrics_port and not _serve_metrics("router", args.metrics_host, args.metrics_port):
+        return EXIT_FAILED
 
     async def serve() -> None:
         store = EtcdStore(endpoints, timeout=2.0, attempt_timeout=1.0)

@@ -45,7 +45,8 @@ def plane(kube: LocalControlPlane) -> Iterator[RegionPlane]:
 
 @pytest.fixture(scope="module")
 def router(plane: RegionPlane) -> Iterator[str]:
-    process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=HOLD_SECONDS)
+    process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=HOLD_SECONDS,
+                                      metrics=True)
     try:
         yield url
     finally:
@@ -91,8 +92,10 @@ def test_the_operator_reports_ownership_epoch_and_lease_renewals(
 
 
 def test_the_router_counts_requests_and_passes_a_tenants_429_and_402_through(
-        router: str, placed: Placed) -> None:
-    metrics = f"{router}/metrics"
+        plane: RegionPlane, router: str, placed: Placed) -> None:
+    metrics = plane.metrics["router"]
+    # Not on the port tenants call: the per-tenant counters name tenants.
+    assert httpx.get(f"{router}/metrics", timeout=10).status_code == 404
 
     def submit(n: int, estimate: int) -> int:
         return httpx.post(f"{router}/v1/jobs", timeout=10,
@@ -126,7 +129,7 @@ async def _frozen(call: Call) -> Response:
 
 def test_the_router_counts_held_requests_and_stale_route_retries(
         plane: RegionPlane, router: str) -> None:
-    metrics = f"{router}/metrics"
+    metrics = plane.metrics["router"]
     before = scrape(metrics)
 
     def grew(samples: Samples, name: str, **labels: str) -> float:

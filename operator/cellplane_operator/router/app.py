@@ -13,8 +13,9 @@ holds it), within the same ``hold_seconds``. The source cell may refuse a
 frozen tenant before the router has seen the record's ``moving`` flag: the
 wait covers that gap.
 
-``GET /metrics`` serves the router's Prometheus metrics (``cellplane_router_*``,
-see docs/metrics.md) on the same port.
+The router's Prometheus metrics (``cellplane_router_*``, docs/metrics.md) are
+served by ``cellplane router --metrics-port`` on a listener of their own, not
+here: this port faces tenants, and the per-tenant counters name tenants.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from dataclasses import dataclass
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cellplane_operator.domain.routing import NoRoute, Route, tenant_of_key
 from cellplane_operator.metrics import (
-    ROUTER_REGISTRY, router_answered, router_hold_ended, router_hold_started,
-    router_refused_for_tenant, router_retried,
+    router_answered, router_hold_ended, router_hold_started, router_refused_for_tenant,
+    router_retried,
 )
 from cellplane_operator.router.watcher import PlacementWatcher
 
@@ -101,10 +101,6 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
             if watcher.map.resolve(tenant_id) != used:
                 return
             await watcher.changed(version, remaining)
-
-    @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(ROUTER_REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     def answered(response: Response, outcome: str) -> Response:
         router_answered(response.status_code, outcome)
