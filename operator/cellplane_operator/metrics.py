@@ -2,7 +2,7 @@
 
 Each process kind has a registry of its own, so the operator's ``/metrics``
 (``cellplane operator --metrics-port``) shows ownership, leases, takeovers,
-moves and standbys, and the router's (``/metrics`` on its own port) shows
+moves and standbys, and the router's (``cellplane router --metrics-port``) shows
 requests, holds and retries, even where both run in one process (tests).
 ``docs/metrics.md`` is the reference; ``tests/unit/test_metrics_reference.py``
 fails when it and the definitions here differ.
