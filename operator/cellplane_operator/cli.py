@@ -23,6 +23,8 @@ from typing import IO, TYPE_CHECKING
 from cellplane_operator.errors import CellplaneError
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
     from cellplane_operator.domain.ownership import LeaseSettings
 
 __all__ = ["main"]
@@ -188,23 +190,24 @@ def _run_operator(args: argparse.Namespace) -> int:
         namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
         resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True)
     driver = LocalSiteDriver(Binaries.discover(), settings.state_dir)
-    if args.metrics_port and not _serve_metrics("operator", args.metrics_host, args.metrics_port):
-        return EXIT_FAILED
+    if args.metrics_port:
+        from cellplane_operator.metrics import OPERATOR_REGISTRY
+
+        if not _serve_metrics("operator", args.metrics_host, args.metrics_port,
+                              OPERATOR_REGISTRY):
+            return EXIT_FAILED
     memo = kopf.Memo(settings=settings, driver=driver)
     asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
                               liveness_endpoint=args.liveness))
     return EXIT_OK
 
 
-def _serve_metrics(command: str, host: str, port: int) -> bool:
+def _serve_metrics(command: str, host: str, port: int, registry: CollectorRegistry) -> bool:
     """/metrics of the operator or the router on a thread of its own (prometheus_client's
     server), so a scrape never waits on the event loop; False after saying on stderr why
     it cannot listen."""
     from prometheus_client import start_http_server
 
-    from cellplane_operator.metrics import OPERATOR_REGISTRY, ROUTER_REGISTRY
-
-    registry = OPERATOR_REGISTRY if command == "operator" else ROUTER_REGISTRY
     try:
         start_http_server(port, addr=host, registry=registry)
     except OSError as error:
@@ -242,8 +245,11 @@ def _run_router(args: argparse.Namespace) -> int:
     if not endpoints:
         print("cellplane router: --etcd (or CELLPLANE_ETCD) is required", file=sys.stderr)
         return EXIT_USAGE
-    if args.metrics_port and not _serve_metrics("router", args.metrics_host, args.metrics_port):
-        return EXIT_FAILED
+    if args.metrics_port:
+        from cellplane_operator.metrics import ROUTER_REGISTRY
+
+        if not _serve_metrics("router", args.metrics_host, args.metrics_port, ROUTER_REGISTRY):
+            return EXIT_FAILED
 
     async def serve() -> None:
         store = EtcdStore(endpoints, timeout=2.0, attempt_timeout=1.0)

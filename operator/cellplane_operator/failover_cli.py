@@ -16,6 +16,7 @@ from typing import Any
 
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS, KubeClient, KubeConfig
+from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.failover import FORCE_FAILOVER, SWITCHOVER_TO
 
 __all__ = ["add_failover_commands"]
@@ -102,8 +103,7 @@ async def _wait_moved(kube: KubeClient, args: argparse.Namespace, before: int) -
             print(f"cell {args.cell} serves from {args.region} under epoch {status['epoch']} "
                   f"({takeover.get('seconds', '?')}s from the previous owner's end)")
             return EXIT_OK
-        ready: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        ready = find_condition(status, "Ready") or {}
         now = f"{status.get('phase')}: {ready.get('message', '')}"
         if now != said:
             print(f"  {now}")

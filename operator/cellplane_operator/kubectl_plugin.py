@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.fencing import FENCED, annotation_value, requested_fence
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.failover_cli import add_failover_commands
@@ -287,9 +288,7 @@ def _fence_reason(cell: Mapping[str, Any]) -> str | None:
 
 
 def _fenced_condition(cell: Mapping[str, Any]) -> Mapping[str, Any]:
-    found = next((c for c in _section(cell, "status").get("conditions") or []
-                  if isinstance(c, Mapping) and c.get("type") == "Fenced"), None)
-    return found or {}
+    return find_condition(_section(cell, "status"), "Fenced") or {}
 
 
 def _standbys(spec: Mapping[str, Any], status: Mapping[str, Any],
@@ -408,8 +407,7 @@ def tenant_not_ready(tenant: Mapping[str, Any]) -> str | None:
     """
     status = _section(tenant, "status")
     phase = str(status.get("phase") or "Pending")
-    ready = next((c for c in status.get("conditions") or []
-                  if isinstance(c, Mapping) and c.get("type") == "Ready"), None)
+    ready = find_condition(status, "Ready")
     if ready is None:
         return None if phase in ("Ready", "Degraded") else f"{phase}: no Ready condition yet"
     if ready.get("status") == "True":

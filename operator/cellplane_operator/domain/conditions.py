@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["ConditionStatus", "Condition", "set_condition", "format_time"]
+__all__ = ["ConditionStatus", "Condition", "set_condition", "find_condition", "format_time"]
 
 
 class ConditionStatus(str, Enum):
@@ -39,6 +39,12 @@ def format_time(moment: datetime.datetime) -> str:
     if moment.tzinfo is None:
         raise ValueError("condition times must be timezone-aware")
     return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def find_condition(status: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
+    """The stored condition of ``type_`` in an object's ``status``, or None."""
+    return next((c for c in (status or {}).get("conditions") or []
+                 if isinstance(c, Mapping) and c.get("type") == type_), None)
 
 
 def set_condition(

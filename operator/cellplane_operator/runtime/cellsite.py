@@ -47,6 +47,7 @@ from cellplane_operator.domain.failover import (
     site_role,
     witnessed,
 )
+from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.fencing import ManualFence, fence_event, requested_fence
 from cellplane_operator.domain.ownership import Role, database_grant
 from cellplane_operator.errors import CellplaneError
@@ -416,10 +417,10 @@ class CellSiteRunner:
                 and now - self._last_status_at < _STATUS_REFRESH_SECONDS):
             return
         before = current.get("phase")
-        recorded = _condition(self._last_status or current, "Fenced")
+        recorded = find_condition(self._last_status or current, "Fenced")
         if await self._write_status(status):
             self._last_status, self._last_status_at = status, now
-            said = fence_event(recorded, _condition(status, "Fenced"), cell=self.cell.name)
+            said = fence_event(recorded, find_condition(status, "Fenced"), cell=self.cell.name)
             if said is not None:
                 await self._ctx.event(self._body, said.type, said.reason, said.message)
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -575,10 +576,6 @@ class CellSiteRunner:
 
 def _timestamp(moment: Any) -> str:
     return str(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
-
-
-def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
 def _without_lag(status: dict[str, Any]) -> dict[str, Any]:

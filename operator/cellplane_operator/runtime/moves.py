@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from cellplane_operator.api import v1alpha1
 from cellplane_operator.domain.cells import SERVING_PHASES, Region, Tier
+from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
     TERMINAL_PHASES, Admitted, MovePhase, MoveRequest, RecordView, RefusalReason, Refused, Resume,
@@ -329,9 +330,8 @@ class MoveController:
         tenant = _spec(body).get("tenant")
         if cell is None or dedicated_to(cell) != (meta["namespace"], tenant):
             return
-        completed = next((c for c in status.get("conditions") or []
-                          if c.get("type") == "Completed" and c.get("status") == "True"), None)
-        if completed is None:
+        completed = find_condition(status, "Completed")
+        if completed is None or completed.get("status") != "True":
             return
         done_at = datetime.datetime.fromisoformat(
             str(completed["lastTransitionTime"]).replace("Z", "+00:00"))
@@ -380,8 +380,7 @@ class MoveController:
         """Nothing is started. A refusal that may pass later keeps the move Pending and
         asks again every few seconds; one Event per new reason, not per asking."""
         reason = refusal.reason
-        before: dict[str, Any] = next((c for c in (body.get("status") or {}).get("conditions") or []
-                       if c.get("type") == "Accepted"), {})
+        before = find_condition(body.get("status"), "Accepted") or {}
         message = refusal.message + ("; the move waits and tries again" if reason.waits else "")
         await self._report(body, MoveReport(MovePhase.PENDING if reason.waits else MovePhase.FAILED,
                                             reason.value, message, source,
