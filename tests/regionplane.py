@@ -287,4 +287,17 @@ def cell_processes(cell_name: str) -> dict[str, list[int]]:
                 found[role].append(int(entry.name))
         elif text and text[0].endswith("/postgres") and any(f"/{cell_name}@" in a for a in text):
             found["postgres"].append(int(entry.name))
-    return found
+    # A child just forked (a Postgres backend before it retitles itself) still shows
+    # its parent's argv and environment: count the parent only.
+    return {role: [pid for pid in pids if _parent_pid(pid) not in pids]
+            for role, pids in found.items()}
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command in field 2 may hold spaces and parentheses; the fields after its
+    # closing parenthesis are plain: state, then the parent's pid.
+    return int(stat.rpartition(")")[2].split()[1])
