@@ -369,6 +369,8 @@ def _run_local_up(args: argparse.Namespace) -> int:
         _wait_for_interrupt()
     finally:
         plane.stop()
+        # Its etcd data and logs are scratch: a stopped plane cannot be started again.
+        plane.remove()
         args.state.unlink(missing_ok=True)
     return EXIT_OK
 

@@ -51,6 +51,7 @@ def test_local_up_serves_until_terminated_then_stops_every_process(tmp_path: Pat
         log.close()
     assert all(_gone(pid) for pid in pids)
     assert not state.exists()
+    assert not Path(described["run_dir"]).exists()
 
 
 def _processes_under(path: str) -> list[int]:
