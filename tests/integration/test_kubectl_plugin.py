@@ -101,6 +101,23 @@ def test_tenant_key_prints_the_key_in_the_secret(plane: RegionPlane, placed: str
         assert shown.stdout == stored["api-key"] + "\n"
 
 
+def test_a_kubeconfig_with_inline_credentials_works_and_leaves_no_key_on_disk(
+        plane: RegionPlane, placed: str, tmp_path: Path) -> None:
+    # kind and most clouds write the CA, client certificate and key inline (*-data).
+    flattened = plane.kube.kubectl("config", "view", "--raw", "--flatten").stdout
+    assert "client-key-data:" in flattened and "certificate-authority-data:" in flattened
+    kubeconfig = tmp_path / "inline-kubeconfig"
+    kubeconfig.write_text(flattened)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "TMPDIR": str(scratch)}
+    shown = subprocess.run([str(PLUGIN), "tenant-key", "acme", "-n", placed], env=env,
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == (secret_data(plane, placed, "acme-api-key") or {})["api-key"]
+    assert list(scratch.iterdir()) == []
+
+
 def test_tenant_key_of_an_unknown_or_unready_tenant_is_refused_in_one_line(
         plane: RegionPlane, placed: str) -> None:
     unknown = kubectl_cellplane(plane.kube, "tenant-key", "nobody", "-n", placed)

@@ -36,8 +36,8 @@ def test_kubeconfig_current_context_with_files_relative_to_it_and_inline_data(tm
     config = KubeConfig.from_file(path)
     assert config.server == "https://127.0.0.1:6443"
     assert config.ca_file == tmp_path / "pki" / "ca.crt"
-    assert config.client_cert is not None and config.client_cert.read_bytes() == b"CERT"
-    assert config.client_key == Path("/abs/key.pem")
+    assert (config.client_cert, config.client_cert_data) == (None, b"CERT")
+    assert (config.client_key, config.client_key_data) == (Path("/abs/key.pem"), None)
     assert (config.namespace, config.bearer_token()) == ("ops", "t0ken")
 
 

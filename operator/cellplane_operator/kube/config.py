@@ -1,8 +1,9 @@
 """Where the apiserver is and who we are to it: a kubeconfig's current context, or in-cluster.
 
 Only what the operator needs is read: the server, its CA, and a client
-certificate or a bearer token (file). Inline ``*-data`` fields are written to
-private files, because ``ssl`` loads certificates from paths.
+certificate or a bearer token (file). Inline ``*-data`` fields are kept in memory;
+``ssl`` loads a client certificate from paths only, so an inline one is written to
+a private directory for the moment it is loaded, then removed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class KubeConfig:
     ca_file: Path | None
     client_cert: Path | None = None
     client_key: Path | None = None
+    ca_data: bytes | None = None
+    client_cert_data: bytes | None = None
+    client_key_data: bytes | None = None
     token: str | None = None
     token_file: Path | None = None
     namespace: str = "default"
@@ -65,15 +69,25 @@ class KubeConfig:
             ca_file=_file(base, cluster, "certificate-authority"),
             client_cert=_file(base, user, "client-certificate"),
             client_key=_file(base, user, "client-key"),
+            ca_data=_data(cluster, "certificate-authority"),
+            client_cert_data=_data(user, "client-certificate"),
+            client_key_data=_data(user, "client-key"),
             token=user.get("token"),
             token_file=_file(base, user, "tokenFile"),
             namespace=str(context.get("namespace") or "default"),
         )
 
     def ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
-        if self.client_cert is not None and self.client_key is not None:
-            context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        context = ssl.create_default_context(
+            cafile=str(self.ca_file) if self.ca_file and not self.ca_data else None,
+            cadata=self.ca_data.decode() if self.ca_data else None)
+        cert = self.client_cert_data or self.client_cert
+        key = self.client_key_data or self.client_key
+        if cert is None or key is None:
+            return context
+        with tempfile.TemporaryDirectory(prefix="cellplane-kube-") as private:
+            context.load_cert_chain(_path_of(cert, Path(private) / "client.crt"),
+                                    _path_of(key, Path(private) / "client.key"))
         return context
 
     def bearer_token(self) -> str | None:
@@ -94,9 +108,18 @@ def _file(base: Path, section: dict[str, Any], key: str) -> Path | None:
     if value := section.get(key):
         path = Path(value)
         return path if path.is_absolute() else base / path
-    if data := section.get(f"{key}-data"):
-        handle, name = tempfile.mkstemp(prefix="cellplane-kube-", suffix=".pem")
-        with os.fdopen(handle, "wb") as out:
-            out.write(base64.b64decode(data))
-        return Path(name)
     return None
+
+
+def _data(section: dict[str, Any], key: str) -> bytes | None:
+    """The inline ``KEY-data`` (base64); where the file ``KEY`` is named too, the data
+    wins, as with kubectl."""
+    data = section.get(f"{key}-data")
+    return base64.b64decode(data) if data else None
+
+
+def _path_of(pem: Path | bytes, copy: Path) -> str:
+    if isinstance(pem, Path):
+        return str(pem)
+    copy.write_bytes(pem)  # in a directory of mode 0700, removed once loaded
+    return str(copy)
