@@ -19,12 +19,12 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cellplane_cells.errors import (
-    LeaseExpiredError, NotWritableError, StaleEpochError, TenantMovingError,
+    CellFencedError, LeaseExpiredError, NotWritableError, StaleEpochError, TenantMovingError,
 )
 from cellplane_cells.metrics import WRITES_REJECTED
 
 __all__ = ["open_pool", "translate_errors", "ThreadedDatabase", "STALE_EPOCH", "LEASE_EXPIRED",
-           "NO_EPOCH", "TENANT_FENCED"]
+           "NO_EPOCH", "TENANT_FENCED", "CELL_FENCED"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ STALE_EPOCH = "CPS01"
 LEASE_EXPIRED = "CPL01"
 NO_EPOCH = "CPE01"
 TENANT_FENCED = "CPT01"
+CELL_FENCED = "CPF01"
 """A write of a tenant that is frozen for a move's cutover, or moved out (0006)."""
 
 
@@ -70,6 +71,10 @@ def translate_errors() -> Iterator[None]:
             WRITES_REJECTED.labels("lease_expired").inc()
             log.warning("write refused by the database: %s", error.diag.message_primary)
             raise LeaseExpiredError(str(error.diag.message_primary)) from error
+        if state == CELL_FENCED:
+            WRITES_REJECTED.labels("cell_fenced").inc()
+            log.warning("write refused by the database: %s", error.diag.message_primary)
+            raise CellFencedError(str(error.diag.message_primary)) from error
         if state == NO_EPOCH:
             WRITES_REJECTED.labels("no_epoch").inc()
             raise NotWritableError(str(error.diag.message_primary)) from error

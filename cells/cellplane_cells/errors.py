@@ -12,6 +12,7 @@ __all__ = [
     "NotWritableError",
     "StaleEpochError",
     "LeaseExpiredError",
+    "CellFencedError",
     "UnauthenticatedError",
     "NotFoundError",
     "ConflictError",
@@ -50,6 +51,13 @@ class StaleEpochError(NotWritableError):
 
 class LeaseExpiredError(NotWritableError):
     code = "lease_expired"
+
+
+class CellFencedError(NotWritableError):
+    """The owner keeps the cell but a person fenced its writes (``kubectl cellplane fence``):
+    no other owner comes until the fence is lifted, so asking another site is no use."""
+
+    code = "cell_fenced"
 
 
 class UnauthenticatedError(CellError):

@@ -156,7 +156,7 @@ def test_a_fence_follows_the_cell_when_another_region_takes_it_over(
 
     fenced = kubectl_cellplane(plane.kube, "fence", name, "--reason", "maintenance", "--wait")
     assert fenced.returncode == 0, fenced.stderr
-    assert refused_by_the_database(at_a.submit())
+    assert refused_by_the_database(at_a.submit(), "maintenance")
 
     plane.kill_region("region-a")
     status = plane.await_status(
@@ -169,7 +169,7 @@ def test_a_fence_follows_the_cell_when_another_region_takes_it_over(
     assert after.owner is not None and after.owner.region == "region-b"
     # The new primary serves reads and refuses writes, with no workers.
     at_b = TenantClient(api_of(plane, name), key)
-    assert refused_by_the_database(at_b.submit("after-takeover"))
+    assert refused_by_the_database(at_b.submit("after-takeover"), "maintenance")
     assert worker_processes(plane, name) == 0
     assert cell_events(plane, "TookOver", name)
 
@@ -200,9 +200,12 @@ def worker_processes(plane: RegionPlane, name: str = CELL) -> int:
     return len(cell_processes(name)["work"])
 
 
-def refused_by_the_database(answer: httpx.Response) -> bool:
-    """The cell answered that its database refused the write: the grant is over."""
-    return answer.status_code == 503 and answer.json()["error"]["code"] == "lease_expired"
+def refused_by_the_database(answer: httpx.Response, reason: str = REASON) -> bool:
+    """The cell answered that its database refused the write for the fence (not for a
+    lease that ran out), and gave the fence's reason."""
+    error = answer.json().get("error") or {}
+    return (answer.status_code, error.get("code")) == (503, "cell_fenced") and (
+        reason in error.get("message", ""))
 
 
 class WritePoller:
@@ -302,7 +305,7 @@ def test_a_fence_refuses_writes_without_a_takeover_outlives_a_kill_and_lifts(
         wait_for(renewed_three_times, timeout=60,
                  what="the new operator to grant (under the fence) three times")
     assert len(poller.answers) >= 20, poller.answers
-    not_refused = [a for a in poller.answers if a != (503, "lease_expired")]
+    not_refused = [a for a in poller.answers if a != (503, "cell_fenced")]
     assert not_refused == [], not_refused
     [(remaining,)] = db_rows(database, "SELECT extract(epoch FROM lease_deadline - "
                                        "clock_timestamp()) FROM placement_group")
@@ -401,13 +404,15 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 def writable(conninfo: str) -> bool:
-    """Whether the database accepts a write of epoch 1 now (the statement trigger's verdict)."""
+    """Whether the database accepts a write of epoch 1 now (the statement trigger's verdict);
+    a refusal must be the fence's own (CPF01), not a lease that ran out."""
     with psycopg.connect(conninfo, autocommit=True) as writer:
         writer.execute("SELECT set_config('cellplane.epoch', '1', false)")
         try:
             writer.execute("UPDATE rate_buckets SET tokens = tokens WHERE false")
         except psycopg.Error as refused:
-            assert refused.sqlstate == "CPL01", refused
+            assert refused.sqlstate == "CPF01", refused
+            assert "cell fenced on rate_buckets: maintenance" in str(refused), refused
             return False
     return True
 

@@ -222,3 +222,32 @@ def test_a_tenant_still_moving_when_the_hold_ends_is_told_to_retry(
     assert answer.headers["retry-after"] == "2"
     assert "being moved to another cell" in answer.json()["error"]["message"]
     assert time.monotonic() - started >= HOLD_SECONDS
+
+
+def test_a_write_to_a_fenced_cell_is_answered_at_once_with_the_fence(
+        plane: RegionPlane, patient_router: str) -> None:
+    """A fence has no new owner to wait for: the router passes the cell's ``cell_fenced``
+    on rather than holding the write for a route change (it held each one for its whole
+    hold time while the cell answered ``lease_expired``)."""
+    ns = plane.namespace("routed-fenced")
+    ready_cell(plane, "route-f1")
+    plane.apply(tenant("hooli", ns, plan="pro", cell="route-f1",
+                       targets=[{"name": "default", "url": "http://127.0.0.1:9/run"}]))
+    plane.await_status("tenant", "hooli", ready, namespace=ns)
+    key = (secret_data(plane, ns, "hooli-api-key") or {})["api-key"]
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "fenced-1"}
+    plane.kube.kubectl("annotate", "cell", "route-f1", "cellplane.io/fenced=disk swap")
+    plane.await_status("cell", "route-f1", lambda s: s.get("phase") == "Fenced")
+
+    started = time.monotonic()
+    answer = httpx.post(f"{patient_router}/v1/jobs", json={"target": "default", "payload": {}},
+                        headers=headers, timeout=MOVE_HOLD_SECONDS + 10)
+    answered_in = time.monotonic() - started
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "cell_fenced"
+    assert "disk swap" in answer.json()["error"]["message"]
+    # Held, it would have taken the router's whole hold time (20 s).
+    assert answered_in < MOVE_HOLD_SECONDS / 2, answered_in
+    # Reads still answer through the router.
+    listed = httpx.get(f"{patient_router}/v1/jobs", headers=headers, timeout=10)
+    assert listed.status_code == 200, listed.text

@@ -1,14 +1,16 @@
 """The cell database's side of a lease: epoch and remaining duration in its placement-group row.
 
-``cellplane_grant(epoch, remaining)`` (migration 0002 of the cell schema) sets
-the row's deadline to the database's own ``now() + remaining`` and refuses a
-lower epoch. On stop the holder writes a zero duration, so a reachable
+``cellplane_grant(epoch, remaining, fence)`` (migrations 0002 and 0007 of the
+cell schema) sets the row's deadline to the database's own ``now() + remaining``
+and refuses a lower epoch. On stop the holder writes a zero duration, so a reachable
 database refuses writes at once instead of at the deadline; an unreachable one
 still stops by itself at the deadline it was last given.
 
 A fence a person put on the cell (``domain/fencing.py``) is applied here, in the
 one place every grant passes (start, renewal, a handover taken back): while
-``fence()`` names one, every grant is a zero duration. The check and the
+``fence()`` names one, every grant is a zero duration, and carries the fence's
+reason, which the database gives as its refusal (``cell fenced``, not ``lease
+expired``). The check and the
 statement run under one lock, so a renewal computed before the fence cannot
 land after the fence's own grant and open writes again.
 """
@@ -27,7 +29,9 @@ __all__ = ["CellDatabaseGrant"]
 
 log = logging.getLogger(__name__)
 
-_GRANT = b"SELECT cellplane_grant(%s, make_interval(secs => %s))"
+_GRANT = b"SELECT cellplane_grant(%s, make_interval(secs => %s), %s)"
+_GRANT_WITHOUT_FENCE = b"SELECT cellplane_grant(%s, make_interval(secs => %s))"
+"""A cell database not migrated to 0007 yet (an operator upgraded before its cells)."""
 
 
 class CellDatabaseGrant:
@@ -50,16 +54,17 @@ class CellDatabaseGrant:
         async with self._lock:
             fence = self._fence()
             seconds = write_time(remaining_seconds, fence)
+            reason = fence.reason if fence is not None else None
             try:
-                await self._execute(epoch, seconds)
+                await self._execute(epoch, seconds, reason)
             except psycopg.OperationalError:
                 # The kept connection may have died with a restart of the server (a site
                 # demoted, rewound and promoted again keeps its address): once more, anew.
-                await self._execute(epoch, seconds)
+                await self._execute(epoch, seconds, reason)
             self.last_grant = (epoch, seconds)
             self.fenced_by = fence
 
-    async def _execute(self, epoch: int, remaining_seconds: float) -> None:
+    async def _execute(self, epoch: int, remaining_seconds: float, fence: str | None) -> None:
         # One kept connection, with a statement timeout: a stalled database
         # must not hold the lease loop past a renewal.
         try:
@@ -67,7 +72,10 @@ class CellDatabaseGrant:
                 self._conn = await psycopg.AsyncConnection.connect(
                     self.conninfo, autocommit=True, connect_timeout=max(int(self._timeout), 1),
                     options=f"-c statement_timeout={int(self._timeout * 1000)}")
-            await self._conn.execute(_GRANT, (epoch, remaining_seconds))
+            try:
+                await self._conn.execute(_GRANT, (epoch, remaining_seconds, fence))
+            except psycopg.errors.UndefinedFunction:
+                await self._conn.execute(_GRANT_WITHOUT_FENCE, (epoch, remaining_seconds))
         except psycopg.Error:
             if self._conn is not None:
                 await self._conn.close()

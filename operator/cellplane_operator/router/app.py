@@ -11,7 +11,8 @@ serves the tenant (``tenant_moving``: frozen for a cutover; ``tenant_moved``:
 moved out) is asked again once, after the map routes the tenant elsewhere (or
 holds it), within the same ``hold_seconds``. The source cell may refuse a
 frozen tenant before the router has seen the record's ``moving`` flag: the
-wait covers that gap.
+wait covers that gap. A cell fenced on purpose (``cell_fenced``) keeps its
+owner, so no route change will come: its 503 is passed on at once.
 
 The router's Prometheus metrics (``cellplane_router_*``, docs/metrics.md) are
 served by ``cellplane router --metrics-port`` on a listener of their own, not
