@@ -25,3 +25,24 @@ async def test_a_grant_reconnects_when_its_kept_connection_was_terminated(cell_d
         row = conn.execute("SELECT epoch, lease_deadline > now() FROM placement_group").fetchone()
     assert row == (3, True)
     assert grant.last_grant == (3, 30.0)
+
+
+async def test_a_grant_to_a_cell_database_without_migration_0007_still_lands(cell_db: str) -> None:
+    """An operator upgraded before its cells (the site migrates when it is next ensured)
+    must keep renewing: it falls back to the two-argument grant of migration 0002."""
+    with psycopg.connect(cell_db, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION cellplane_grant(bigint, interval, text)")
+        conn.execute("""
+            CREATE OR REPLACE FUNCTION cellplane_grant(new_epoch bigint, remaining interval)
+            RETURNS timestamptz LANGUAGE sql AS $$
+                UPDATE placement_group SET epoch = new_epoch,
+                       lease_deadline = clock_timestamp() + remaining
+                 WHERE epoch <= new_epoch RETURNING lease_deadline
+            $$""")
+    grant = CellDatabaseGrant(cell_db)
+    await grant.start_acting(4, 30.0)
+    await grant.renew_grant(4, 30.0)
+    with psycopg.connect(cell_db, autocommit=True) as conn:
+        row = conn.execute("SELECT epoch, lease_deadline > now() FROM placement_group").fetchone()
+    assert row == (4, True)
+    assert grant.last_grant == (4, 30.0)
