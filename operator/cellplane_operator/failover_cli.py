@@ -34,7 +34,7 @@ def add_failover_commands(commands: Any) -> None:
     switchover.add_argument("cell")
     switchover.add_argument("--to", required=True, metavar="REGION", dest="region")
     _common(switchover)
-    switchover.set_defaults(run=lambda args: _request(args, SWITCHOVER_TO))
+    switchover.set_defaults(run=lambda args: _request(args, SWITCHOVER_TO), prog=switchover.prog)
 
     failover = commands.add_parser(
         "failover", help="promote a standby of an ownerless cell whatever its lag (forced)",
@@ -47,7 +47,7 @@ def add_failover_commands(commands: Any) -> None:
     failover.add_argument("--force", action="store_true", required=True,
                           help="required: this may lose what the standby had not received")
     _common(failover)
-    failover.set_defaults(run=lambda args: _request(args, FORCE_FAILOVER))
+    failover.set_defaults(run=lambda args: _request(args, FORCE_FAILOVER), prog=failover.prog)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -66,11 +66,11 @@ async def _annotate_and_wait(args: argparse.Namespace, annotation: str) -> int:
     try:
         cell = await kube.get(CELLS, args.cell)
         if cell is None:
-            print(f"cellplane: no cell {args.cell}", file=sys.stderr)
+            print(f"{args.prog}: no cell {args.cell}", file=sys.stderr)
             return EXIT_FAILED
         regions = [cell["spec"]["region"], *(cell["spec"].get("standbyRegions") or [])]
         if args.region not in regions:
-            print(f"cellplane: cell {args.cell} has no site in {args.region} (its sites: "
+            print(f"{args.prog}: cell {args.cell} has no site in {args.region} (its sites: "
                   f"{', '.join(regions)})", file=sys.stderr)
             return EXIT_FAILED
         status = cell.get("status") or {}
@@ -85,7 +85,7 @@ async def _annotate_and_wait(args: argparse.Namespace, annotation: str) -> int:
             return EXIT_OK
         return await _wait_moved(kube, args, before)
     except CellplaneError as error:
-        print(f"cellplane: {error}", file=sys.stderr)
+        print(f"{args.prog}: {error}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         await kube.close()
@@ -109,6 +109,6 @@ async def _wait_moved(kube: KubeClient, args: argparse.Namespace, before: int) -
             print(f"  {now}")
             said = now
         await asyncio.sleep(0.5)
-    print(f"cellplane: cell {args.cell} did not move to {args.region} in {args.timeout:g}s "
+    print(f"{args.prog}: cell {args.cell} did not move to {args.region} in {args.timeout:g}s "
           f"(see kubectl describe cell {args.cell})", file=sys.stderr)
     return EXIT_FAILED

@@ -70,7 +70,8 @@ def add_move_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       help="how long --wait waits (default 3600)")
     move.add_argument("--kubeconfig", type=Path, default=None,
                       help="default: $KUBECONFIG, in-cluster, then ~/.kube/config")
-    move.set_defaults(run=run_move)
+    # Errors name the command as the user typed it: cellplane move, kubectl cellplane move.
+    move.set_defaults(run=run_move, prog=move.prog)
 
 
 def run_move(args: argparse.Namespace, *, out: IO[str] | None = None,
@@ -79,10 +80,10 @@ def run_move(args: argparse.Namespace, *, out: IO[str] | None = None,
     out, err = out or sys.stdout, err or sys.stderr
     if args.abort is not None:
         if args.tenant is not None or args.cell is not None:
-            print("cellplane move: --abort NAME takes no TENANT or --to", file=err)
+            print(f"{args.prog}: --abort NAME takes no TENANT or --to", file=err)
             return EXIT_USAGE
     elif args.tenant is None or args.cell is None:
-        print("cellplane move: give TENANT --to CELL, or --abort NAME", file=err)
+        print(f"{args.prog}: give TENANT --to CELL, or --abort NAME", file=err)
         return EXIT_USAGE
     follow = _Follower(err, err.isatty() if tty is None else tty)
     return asyncio.run(_run(args, out, err, follow))
@@ -177,7 +178,7 @@ async def _run(args: argparse.Namespace, out: IO[str], err: IO[str], follow: _Fo
         return await _create(kube, args, namespace, out, err, follow)
     except CellplaneError as error:
         follow.end()
-        print(f"cellplane move: {error}", file=err)
+        print(f"{args.prog}: {error}", file=err)
         return EXIT_FAILED
     finally:
         await kube.close()
@@ -208,7 +209,7 @@ async def _create(kube: KubeClient, args: argparse.Namespace, namespace: str, ou
                            await kube.get(CELLS, args.cell), tenant_name=args.tenant,
                            namespace=namespace, target=args.cell)
     if refusal is not None:
-        print(f"cellplane move: {refusal}", file=err)
+        print(f"{args.prog}: {refusal}", file=err)
         return EXIT_FAILED
     name = args.name or move_name(args.tenant, args.cell)
     spec: dict[str, Any] = {"tenant": args.tenant, "targetCell": args.cell}
@@ -222,14 +223,14 @@ async def _create(kube: KubeClient, args: argparse.Namespace, namespace: str, ou
     except KubeConflictError:
         existing = await kube.get(TENANTMOVES, name, namespace=namespace) or {}
         phase = (existing.get("status") or {}).get("phase") or "Pending"
-        print(f"cellplane move: a TenantMove {name} exists already in {namespace} ({phase}); "
+        print(f"{args.prog}: a TenantMove {name} exists already in {namespace} ({phase}); "
               "pass --name for a new one", file=err)
         return EXIT_FAILED
     print(name, file=out)
     out.flush()
     if not args.wait:
         return EXIT_OK
-    return await _follow(kube, name, namespace, args.timeout, "Completed", err, follow)
+    return await _follow(kube, name, namespace, args, "Completed", err, follow)
 
 
 async def _abort(kube: KubeClient, args: argparse.Namespace, namespace: str, err: IO[str],
@@ -237,33 +238,34 @@ async def _abort(kube: KubeClient, args: argparse.Namespace, namespace: str, err
     name = args.abort
     move = await kube.get(TENANTMOVES, name, namespace=namespace)
     if move is None:
-        print(f"cellplane move: no TenantMove {name} in {namespace}", file=err)
+        print(f"{args.prog}: no TenantMove {name} in {namespace}", file=err)
         return EXIT_FAILED
     phase = (move.get("status") or {}).get("phase") or "Pending"
     if phase in _TERMINAL:
-        print(f"cellplane move: TenantMove {name} has ended already ({phase}); "
+        print(f"{args.prog}: TenantMove {name} has ended already ({phase}); "
               "nothing to abort", file=err)
         return EXIT_OK if phase == "Aborted" else EXIT_FAILED
     if phase in _PAST_CUTOVER:
-        print(f"cellplane move: TenantMove {name} is past its cutover ({phase}): it can only "
+        print(f"{args.prog}: TenantMove {name} is past its cutover ({phase}): it can only "
               "finish forward, an abort would lose the writes the target took", file=err)
         return EXIT_FAILED
     await kube.patch(TENANTMOVES, name, {"spec": {"abort": True}}, namespace=namespace)
     print(f"TenantMove {name}: abort asked", file=err)
     if not args.wait:
         return EXIT_OK
-    return await _follow(kube, name, namespace, args.timeout, "Aborted", err, follow)
+    return await _follow(kube, name, namespace, args, "Aborted", err, follow)
 
 
-async def _follow(kube: KubeClient, name: str, namespace: str, timeout: float, goal: str,
-                  err: IO[str], follow: _Follower) -> int:
+async def _follow(kube: KubeClient, name: str, namespace: str, args: argparse.Namespace,
+                  goal: str, err: IO[str], follow: _Follower) -> int:
+    timeout = float(args.timeout)
     deadline = time.monotonic() + timeout
     status: Mapping[str, Any] = {}
     while True:
         move = await kube.get(TENANTMOVES, name, namespace=namespace)
         if move is None:
             follow.end()
-            print(f"cellplane move: TenantMove {name} was deleted (a deleted move is aborted)",
+            print(f"{args.prog}: TenantMove {name} was deleted (a deleted move is aborted)",
                   file=err)
             return EXIT_FAILED
         status = move.get("status") or {}
@@ -276,7 +278,7 @@ async def _follow(kube: KubeClient, name: str, namespace: str, timeout: float, g
             break
         await asyncio.sleep(min(_POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
     follow.end()
-    print(f"cellplane move: TenantMove {name} had not ended after {timeout:g}s "
+    print(f"{args.prog}: TenantMove {name} had not ended after {timeout:g}s "
           f"({status.get('phase') or 'Pending'}); it goes on "
           f"(kubectl describe tenantmove {name} -n {namespace})", file=err)
     return EXIT_TIMEOUT

@@ -142,7 +142,7 @@ def test_a_move_that_cannot_start_is_refused_in_one_line(plane: RegionPlane, pla
                        (("acme", "--to", CELL), f"tenant {placed}/acme is in cell {CELL} already")):
         moved = kubectl_cellplane(plane.kube, "move", *argv, "-n", placed)
         assert (moved.returncode, moved.stdout) == (1, ""), moved.stderr
-        assert one_line(moved.stderr) == f"cellplane move: {said}"
+        assert one_line(moved.stderr) == f"kubectl cellplane move: {said}"
     listed = plane.kube.kubectl("get", "tenantmoves", "-n", placed, "-o", "name")
     assert listed.stdout == ""
 
@@ -150,10 +150,12 @@ def test_a_move_that_cannot_start_is_refused_in_one_line(plane: RegionPlane, pla
 def test_unknown_cells_are_refused_in_one_line(plane: RegionPlane, placed: str) -> None:
     switched = kubectl_cellplane(plane.kube, "switchover", "no-such-cell", "--to", "region-b")
     assert switched.returncode == 1
-    assert "no cell no-such-cell" in one_line(switched.stderr)
+    assert one_line(switched.stderr) == "kubectl cellplane switchover: no cell no-such-cell"
     elsewhere = kubectl_cellplane(plane.kube, "switchover", CELL, "--to", "region-z")
     assert elsewhere.returncode == 1
-    assert f"cell {CELL} has no site in region-z" in one_line(elsewhere.stderr)
+    assert one_line(elsewhere.stderr).startswith(
+        f"kubectl cellplane switchover: cell {CELL} has no site in region-z")
     reported = kubectl_cellplane(plane.kube, "report", "no-such-cell")
     assert reported.returncode == 1
-    assert "no reconciliation report for cell no-such-cell" in one_line(reported.stderr)
+    assert one_line(reported.stderr).startswith(
+        "kubectl cellplane report: no reconciliation report for cell no-such-cell")

@@ -40,7 +40,7 @@ def add_report_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         help="namespace of the operator, which holds the reports' ConfigMaps")
     report.add_argument("--kubeconfig", type=Path, default=None,
                         help="default: $KUBECONFIG, in-cluster, then ~/.kube/config")
-    report.set_defaults(run=run_report)
+    report.set_defaults(run=run_report, prog=report.prog)
 
 
 def run_report(args: argparse.Namespace, *, out: IO[str] | None = None,
@@ -48,12 +48,12 @@ def run_report(args: argparse.Namespace, *, out: IO[str] | None = None,
     """What ``cellplane report`` does; returns the exit code."""
     out, err = out or sys.stdout, err or sys.stderr
     if args.list and args.epoch is not None:
-        print("cellplane report: --list shows every epoch; leave --epoch out", file=err)
+        print(f"{args.prog}: --list shows every epoch; leave --epoch out", file=err)
         return EXIT_USAGE
     found = asyncio.run(_read(args))
     if not found:
         epoch = "" if args.epoch is None or args.list else f" at epoch {args.epoch}"
-        print(f"cellplane report: no reconciliation report for cell {args.cell}{epoch} (a cell "
+        print(f"{args.prog}: no reconciliation report for cell {args.cell}{epoch} (a cell "
               "gets one when a failover finds writes the new primary lacks, or proves there "
               "were none)", file=err)
         return EXIT_NO_REPORT
