@@ -85,7 +85,14 @@ def _assert_nothing_left(run_dir: str, record: DemoRecord | None, state: Path,
 def _start_background(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen([*CELLPLANE, "demo", *args], stdout=out,
-                                stderr=subprocess.STDOUT, cwd=REPO)
+                                stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=_as_in_a_terminal)
+
+
+def _as_in_a_terminal() -> None:
+    """Ctrl-C reaches the demo as it would in a terminal's foreground, also when these tests
+    run as a background job of a shell without job control, whose children start with
+    SIGINT ignored (Python then leaves it ignored, and the demo would never see it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _await_sites(demo: subprocess.Popen[bytes], state: Path, log: Path) -> DemoRecord:
