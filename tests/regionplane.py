@@ -72,13 +72,21 @@ class RegionPlane:
              "--state-dir", str(self.state_dir(region)), "--resync-seconds", "5", *FAST_ELECTION,
              *self._metrics_args(region, metrics)],
             log=self.kube.run_dir / "logs" / f"operator-{region}{log_suffix}.log",
-            env={"KUBECONFIG": str(self._operator_kubeconfig()), **(env or {})},
+            env={"KUBECONFIG": str(self._operator_kubeconfig()),
+                 # An operator runs Postgres only: pointing it at an empty directory for the
+                 # Go-built programs proves that an operator's image need not carry them.
+                 "CELLPLANE_BIN_DIR": str(self._without_go_programs()), **(env or {})},
         )
         process.start()
         self._started.append(process)
         if register:
             self.operators[region] = process
         return process
+
+    def _without_go_programs(self) -> Path:
+        empty = self.kube.run_dir / "no-go-programs"
+        empty.mkdir(exist_ok=True)
+        return empty
 
     def _operator_kubeconfig(self) -> Path:
         """The admin's kubeconfig; with CELLPLANE_OPERATOR_IDENTITY=chart, that of the Helm

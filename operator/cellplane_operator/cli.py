@@ -189,7 +189,7 @@ def _run_operator(args: argparse.Namespace) -> int:
         region=args.region, etcd_endpoints=endpoints, state_dir=state_dir,
         namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
         resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True)
-    driver = LocalSiteDriver(Binaries.discover(), settings.state_dir)
+    driver = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir)
     if args.metrics_port:
         from cellplane_operator.metrics import OPERATOR_REGISTRY
 

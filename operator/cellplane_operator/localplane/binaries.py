@@ -58,7 +58,10 @@ class Binaries:
     """The directory of PostgreSQL's server programs (initdb, postgres, pg_ctl, ...)."""
 
     @classmethod
-    def discover(cls, *, postgres_major: int = 15) -> Binaries:
+    def discover(cls, *, postgres_major: int = 15, postgres_only: bool = False) -> Binaries:
+        """The programs, checked. ``postgres_only``: only PostgreSQL's are required, for an
+        operator, whose site driver runs Postgres and never the Go-built programs (which an
+        operator's image then need not carry)."""
         bin_dir = built_bin_dir()
         found = cls(
             kube_apiserver=bin_dir / "kube-apiserver",
@@ -66,11 +69,11 @@ class Binaries:
             etcd=bin_dir / "etcd",
             postgres_bin=_postgres_bin(postgres_major),
         )
-        found.check()
+        found.check(postgres_only=postgres_only)
         return found
 
-    def check(self) -> None:
-        for path in (self.kube_apiserver, self.kubectl, self.etcd):
+    def check(self, *, postgres_only: bool = False) -> None:
+        for path in () if postgres_only else (self.kube_apiserver, self.kubectl, self.etcd):
             if not os.access(path, os.X_OK):
                 raise BinaryNotFoundError(f"{path} is missing: {_BUILD_HINT}")
         if not os.access(self.postgres_bin / "postgres", os.X_OK):
