@@ -520,3 +520,36 @@ def test_a_copy_that_does_not_verify_leaves_the_tenant_on_its_source(
     keys = dict(db_rows(source_db, "SELECT key, job_id::text FROM idempotency_keys "
                                    "WHERE tenant_id = %s", tenant_id))
     assert {k: keys.get(k) for k in load.acknowledged} == load.acknowledged
+
+
+# -- the pause budget -----------------------------------------------------------------------
+
+
+def test_a_budget_that_cannot_hold_the_pause_says_so_and_a_raised_one_moves_the_tenant(
+        plane: RegionPlane, target: RecordingServer, cells: tuple[str, str]) -> None:
+    """0.1 s, the smallest budget the CRD allows, is under the pause's fixed part alone:
+    the move must wait and say why (it used to catch up for ever, saying only how many
+    changes were left), and move once the budget is raised."""
+    source, destination = cells
+    namespace, tenant_id, _ = _tenant(plane, "tight", source, target)
+    _seed_queued(cell_database(plane, source), tenant_id, 2_000)
+    _move(plane, "tight-to-b", namespace, "tight", destination, maxWritePauseSeconds=0.1)
+
+    waiting = plane.await_status(
+        "tenantmove", "tight-to-b",
+        lambda s: condition(s, "Progressing").get("reason") == "PauseOverBudget",
+        namespace=namespace, timeout=120, what="the move to say its budget is too small")
+    assert waiting["phase"] == "CatchingUp", waiting
+    message = condition(waiting, "Progressing")["message"]
+    assert "over half the 0.1s write-pause budget" in message, message
+    assert "spec.maxWritePauseSeconds" in message
+    assert "PauseOverBudget" in _events(plane, namespace, "tight-to-b")
+    assert records(plane)[TenantKey(namespace, "tight")].cell == source
+
+    plane.kube.kubectl("patch", "tenantmove", "tight-to-b", "-n", namespace, "--type=merge",
+                       "-p", '{"spec": {"maxWritePauseSeconds": 10}}')
+    status = _ended(plane, "tight-to-b", namespace)
+    assert status["phase"] == "Completed", status
+    assert records(plane)[TenantKey(namespace, "tight")].cell == destination
+    assert db_rows(cell_database(plane, destination), "SELECT count(*) FROM jobs "
+                   "WHERE tenant_id = %s AND payload ? 'seeded'", tenant_id) == [(2_000,)]

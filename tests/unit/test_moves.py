@@ -17,6 +17,7 @@ from cellplane_operator.domain.moves import (
     Resume,
     admit_move,
     differing_tables,
+    fixed_pause_over_budget,
     may_abort,
     next_phase,
     ready_to_cut_over,
@@ -84,6 +85,17 @@ def test_the_cutover_waits_for_a_delta_that_fits_half_the_pause_budget() -> None
                                  fixed_pause_seconds=0.3)
     assert ready_to_cut_over(delta_rows=0, rows_per_second=0.0, max_pause_seconds=2.0,
                              fixed_pause_seconds=0.3)
+
+
+def test_a_fixed_pause_over_half_the_budget_is_told_apart_since_no_delta_can_fit() -> None:
+    assert fixed_pause_over_budget(fixed_pause_seconds=1.01, max_pause_seconds=2.0)
+    assert not fixed_pause_over_budget(fixed_pause_seconds=1.0, max_pause_seconds=2.0)
+    # The smallest budget the CRD allows (0.1 s) is under the fixed floor (0.1 s) alone.
+    assert fixed_pause_over_budget(fixed_pause_seconds=0.1, max_pause_seconds=0.1)
+    for delta in (0, 1, 1_000):
+        for rate in (0.0, 1e9):
+            assert not ready_to_cut_over(delta_rows=delta, rows_per_second=rate,
+                                         max_pause_seconds=2.0, fixed_pause_seconds=1.01)
 
 
 def test_verification_names_every_table_that_differs() -> None:

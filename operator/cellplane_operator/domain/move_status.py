@@ -2,7 +2,7 @@
 
 Three conditions, as ``kubectl wait --for=condition=`` reads them:
 ``Accepted`` (the move was admitted, or why not), ``Progressing`` (true while
-the move works, its reason the step it is in) and ``Completed`` (true once the
+the move works, its reason the step it is in or why it waits) and ``Completed`` (true once the
 tenant serves from the target; false with the reason of an abort or failure).
 """
 
@@ -53,8 +53,7 @@ def plan_move_status(report: MoveReport, *, generation: int,
             "Accepted", True, "Admitted",
             f"moving from cell {report.source_cell} to cell {report.target_cell}"), now=now)
     conditions = set_condition(conditions, condition(
-        "Progressing", not terminal, phase.value if not terminal else report.reason,
-        report.message), now=now)
+        "Progressing", not terminal, report.reason, report.message), now=now)
     completed = phase is MovePhase.COMPLETED
     conditions = set_condition(conditions, condition(
         "Completed", completed, "Completed" if completed else report.reason,

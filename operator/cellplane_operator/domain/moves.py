@@ -17,7 +17,8 @@ from cellplane_operator.domain.cells import Tier
 from cellplane_operator.domain.placement import CellCandidate
 
 __all__ = ["MovePhase", "RefusalReason", "MoveRequest", "Admitted", "Refused", "admit_move",
-           "next_phase", "may_abort", "ready_to_cut_over", "TERMINAL_PHASES",
+           "next_phase", "may_abort", "ready_to_cut_over", "fixed_pause_over_budget",
+           "TERMINAL_PHASES",
            "MOVING_PHASES", "differing_tables", "Resume", "RecordView", "resume"]
 
 
@@ -158,6 +159,13 @@ def ready_to_cut_over(*, delta_rows: int, rows_per_second: float, max_pause_seco
     if rows_per_second <= 0:
         return delta_rows == 0 and fixed_pause_seconds <= max_pause_seconds / 2
     return fixed_pause_seconds + delta_rows / rows_per_second <= max_pause_seconds / 2
+
+
+def fixed_pause_over_budget(*, fixed_pause_seconds: float, max_pause_seconds: float) -> bool:
+    """Is the fixed part of the pause alone (the verification's checksums above all, which
+    grow with the tenant) more than the half of the budget a cutover may use? Then no
+    delta, however small, fits: the move must say so rather than catch up for ever."""
+    return fixed_pause_seconds > max_pause_seconds / 2
 
 
 # -- verification ---------------------------------------------------------------

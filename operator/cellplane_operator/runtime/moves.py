@@ -42,7 +42,7 @@ from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
     TERMINAL_PHASES, Admitted, MovePhase, MoveRequest, RecordView, RefusalReason, Refused, Resume,
-    admit_move, differing_tables, may_abort, ready_to_cut_over, resume,
+    admit_move, differing_tables, fixed_pause_over_budget, may_abort, ready_to_cut_over, resume,
 )
 from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, dedicated_cell_name,
@@ -69,6 +69,8 @@ _MAX_BACKOFF_SECONDS = 10.0
 _ADMISSION_RETRY_SECONDS = 2.0
 _FIXED_PAUSE_FLOOR_SECONDS = 0.1
 """etcd writes, the freeze and the activation: what the pause costs besides copying."""
+_RETIME_CHECKSUMS_SECONDS = 5.0
+"""How often a move whose verification does not fit its budget times the checksums again."""
 
 
 class _Ended(Exception):
@@ -92,6 +94,9 @@ class _Run:
     copy: TenantCopy | None = None
     rows_per_second: float = 0.0
     check_seconds: float = 0.0
+    checks_timed_at: float | None = None
+    """time.monotonic() of the last timing of the checksums; None: not timed in this copy."""
+    said_over_budget: bool = False
     totals: dict[str, int] | None = None
     copied: dict[str, int] | None = None
     last_progress: float = 0.0
@@ -438,11 +443,7 @@ class MoveController:
     async def _catch_up(self, body: dict[str, Any], key: TenantKey, copy: TenantCopy, run: _Run,
                         spec: v1alpha1.TenantMoveSpec) -> bool:
         """Delta rounds until the next one fits the pause budget; True when it does."""
-        if run.check_seconds == 0.0:
-            # The checksums run inside the pause: time them once now, on live data.
-            started = time.monotonic()
-            await copy.checksums()
-            run.check_seconds = time.monotonic() - started
+        await self._time_checksums(copy, run)
         if run.epochs is None:
             run.epochs = self._cell_epochs(copy)
         while True:
@@ -453,16 +454,53 @@ class MoveController:
                 measured = round_.rows / max(round_.seconds, 1e-3)
                 run.rows_per_second = (measured if run.rows_per_second == 0.0
                                        else 0.5 * run.rows_per_second + 0.5 * measured)
-            await self._progress(body, run, copy, MovePhase.CATCHING_UP, "CatchingUp",
-                                 f"{round_.pending} changes left to copy", delta=round_.pending)
             failpoint("move-catching-up", body["metadata"]["name"])
-            if ready_to_cut_over(delta_rows=round_.pending, rows_per_second=run.rows_per_second,
-                                 max_pause_seconds=spec.max_write_pause_seconds,
-                                 fixed_pause_seconds=_FIXED_PAUSE_FLOOR_SECONDS + run.check_seconds):
-                return True
+            fixed = _FIXED_PAUSE_FLOOR_SECONDS + run.check_seconds
+            budget = spec.max_write_pause_seconds
+            if fixed_pause_over_budget(fixed_pause_seconds=fixed, max_pause_seconds=budget):
+                await self._say_over_budget(body, run, copy, fixed, budget, round_.pending)
+                await self._time_checksums(copy, run)
+            else:
+                await self._progress(body, run, copy, MovePhase.CATCHING_UP, "CatchingUp",
+                                     f"{round_.pending} changes left to copy",
+                                     delta=round_.pending)
+                if ready_to_cut_over(delta_rows=round_.pending,
+                                     rows_per_second=run.rows_per_second,
+                                     max_pause_seconds=budget, fixed_pause_seconds=fixed):
+                    return True
             if round_.rows == 0:
                 await asyncio.sleep(0.2)
             body = self._ctx.cache.moves.get(key) or body
+            with contextlib.suppress(ValidationError):
+                # A budget raised meanwhile counts at once (the spec's other fields are
+                # immutable).
+                spec = v1alpha1.TenantMoveSpec.model_validate(_spec(body))
+
+    async def _time_checksums(self, copy: TenantCopy, run: _Run) -> None:
+        """Times the verification's checksums on live data: inside the pause they are its
+        largest fixed part. The fastest timing counts, so that one taken under a passing
+        load does not hold a move back for good; timed again at most every few seconds."""
+        now = time.monotonic()
+        if run.checks_timed_at is not None and now - run.checks_timed_at < _RETIME_CHECKSUMS_SECONDS:
+            return
+        await copy.checksums()
+        took = time.monotonic() - now
+        first = run.checks_timed_at is None
+        run.check_seconds = took if first else min(run.check_seconds, took)
+        run.checks_timed_at = time.monotonic()
+
+    async def _say_over_budget(self, body: dict[str, Any], run: _Run, copy: TenantCopy,
+                               fixed: float, budget: float, pending: int) -> None:
+        message = (f"{pending} changes left to copy, but the pause's fixed part ({fixed:.2f}s: "
+                   f"freezing, switching, and verifying checksums that take "
+                   f"{run.check_seconds:.2f}s) is over half the {budget:g}s write-pause budget; "
+                   "the move waits for it to fit (checksums are timed again every "
+                   f"{_RETIME_CHECKSUMS_SECONDS:g}s) or for a larger spec.maxWritePauseSeconds")
+        await self._progress(body, run, copy, MovePhase.CATCHING_UP, "PauseOverBudget", message,
+                             delta=pending)
+        if not run.said_over_budget:
+            run.said_over_budget = True
+            await self._ctx.event(body, "Warning", "PauseOverBudget", message)
 
     async def _cut_over(self, body: dict[str, Any], tenant_key: TenantKey, copy: TenantCopy,
                         run: _Run, spec: v1alpha1.TenantMoveSpec) -> None:
@@ -581,7 +619,8 @@ class MoveController:
     async def _copy_again(self, body: dict[str, Any], run: _Run, why: str) -> None:
         """Both ends forget this copy; the next step copies from the start."""
         assert run.copy is not None
-        copy, run.copy, run.epochs, run.check_seconds = run.copy, None, None, 0.0
+        copy, run.copy, run.epochs = run.copy, None, None
+        run.check_seconds, run.checks_timed_at = 0.0, None
         log.warning("move %s: %s; copying again", body["metadata"]["name"], why)
         # The new primary may take a few seconds to serve. A target copy that cannot be
         # dropped within the minute stays, and the verification finds what it holds extra.
