@@ -36,6 +36,7 @@ from cellplane_operator.kube import CELLS, SECRETS, TENANTS
 from cellplane_operator.placement.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, Stored, TenantKey
 from cellplane_operator.runtime.context import FINALIZER, RegionContext
+from cellplane_operator.runtime.retries import RetrySchedule
 from cellplane_operator.runtime.specs import CellSettings, TenantSettings
 
 __all__ = ["TenantController", "CellKey", "dedicated_to"]
@@ -62,7 +63,9 @@ class TenantController:
         self._queued: set[Key] = set()
         self._active: set[Key] = set()
         self._dirty: set[Key] = set()
-        self._backoff: dict[Key, float] = {}
+        self._retries: RetrySchedule[Key] = RetrySchedule(
+            self.enqueue, first_seconds=1.0, ceiling_seconds=_MAX_BACKOFF_SECONDS,
+            call_later=lambda delay, wake: asyncio.get_running_loop().call_later(delay, wake))
         self._placing = asyncio.Lock()
         self._provisioned: dict[TenantKey, tuple[int, str, int]] = {}
         self._announced: dict[Key, str] = {}
@@ -78,12 +81,10 @@ class TenantController:
             self._queue.put_nowait(key)
 
     def _retry_later(self, key: Key) -> None:
-        delay = min(self._backoff.get(key, 0.5) * 2, _MAX_BACKOFF_SECONDS)
-        self._backoff[key] = delay
-        asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+        self._retries.later(key)
 
     def tenant_changed(self, key: TenantKey) -> None:
-        self._backoff.pop(key, None)
+        self._retries.reset(key)
         self.enqueue(key)
 
     def cell_changed(self, name: str, before: dict[str, Any] | None,
@@ -237,11 +238,12 @@ class TenantController:
                 await self._update_record(key, stored, quotas.max_running)
             self._provisioned[key] = applied
             await self._announce_provisioned(body, tenant, record, quotas)
-        self._backoff.pop(key, None)
         await self._report(key, body, replace(
             progress, phase="Degraded" if phase == "Degraded" else "Ready", reason="Provisioned",
             api_endpoint=endpoints.get("api"), api_key_secret=secret_name,
             cell_degraded=phase == "Degraded"))
+        # Only once its status is written too: a refused status write backs off as well.
+        self._retries.reset(key)
 
     async def _announce_provisioned(self, body: dict[str, Any], tenant: TenantSettings,
                                     record: PlacementRecord, quotas: Quotas) -> None:
