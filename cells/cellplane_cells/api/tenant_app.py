@@ -145,7 +145,10 @@ def create_tenant_app(pool: ConnectionPool) -> FastAPI:
         409: {"description": "the key was used with another request, or the tenant is paused"},
         413: {"description": "body too large"},
         429: {"description": "rate limited; see Retry-After"},
-        503: {"description": "tenant being moved or database busy; see Retry-After"}})
+        503: {"description": "tenant being moved or database busy (see Retry-After); this "
+                             "site does not own the cell now (not_owner, stale_epoch, "
+                             "lease_expired: ask again); or the cell is fenced on purpose "
+                             "(cell_fenced, with the reason)"}})
     def submit_job(request: Request, body: SubmitJob, tenant_id: SubmittingTenant,
                    idempotency_key: Annotated[str, Header(min_length=1, max_length=255)]) -> JSONResponse:
         job = JobRequest(target=body.target, payload=body.payload, steps=body.steps,
