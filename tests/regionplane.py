@@ -26,7 +26,7 @@ import psycopg
 import chartinstall
 from cellplane_operator.localplane import LocalControlPlane, ManagedProcess
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
-from cellplane_operator.localplane.process import descendants, wait_for
+from cellplane_operator.localplane.process import descendants, parent_pid, wait_for
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.sites.local import site_process_ids, stop_all_sites
 from cellplane_operator.sites.reports import SiteReports
@@ -297,15 +297,5 @@ def cell_processes(cell_name: str) -> dict[str, list[int]]:
             found["postgres"].append(int(entry.name))
     # A child just forked (a Postgres backend before it retitles itself) still shows
     # its parent's argv and environment: count the parent only.
-    return {role: [pid for pid in pids if _parent_pid(pid) not in pids]
+    return {role: [pid for pid in pids if parent_pid(pid) not in pids]
             for role, pids in found.items()}
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command in field 2 may hold spaces and parentheses; the fields after its
-    # closing parenthesis are plain: state, then the parent's pid.
-    return int(stat.rpartition(")")[2].split()[1])

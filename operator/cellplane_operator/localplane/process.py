@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cellplane_operator.errors import ProcessStartError
 
-__all__ = ["ManagedProcess", "wait_for", "run_checked"]
+__all__ = ["ManagedProcess", "wait_for", "run_checked", "descendants", "parent_pid"]
 
 
 def wait_for(
@@ -176,16 +176,22 @@ class ManagedProcess:
         return f"ManagedProcess({self.name!r}, pid={self.pid})"
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` from /proc; None when it is gone."""
+    try:
+        # The command name may hold spaces and parentheses: fields start after the last ")".
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None  # gone while we looked
+
+
 def descendants(root: int) -> list[int]:
     """Every process below ``root`` (children, their children...), from /proc."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # The command name may hold spaces and parentheses: fields start after the last ")".
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue  # gone while we looked
+    for entry in Path("/proc").glob("[0-9]*"):
+        parent = parent_pid(int(entry.name))
+        if parent is not None:
+            children.setdefault(parent, []).append(int(entry.name))
     found: list[int] = []
     queue = [root]
     while queue:

@@ -80,9 +80,6 @@ class TenantController:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
-    def _retry_later(self, key: Key) -> None:
-        self._retries.later(key)
-
     def tenant_changed(self, key: TenantKey) -> None:
         self._retries.reset(key)
         self.enqueue(key)
@@ -164,10 +161,10 @@ class TenantController:
                 pass
             except CellplaneError as error:
                 log.warning("%s: %s", key, error)
-                self._retry_later(key)
+                self._retries.later(key)
             except Exception:
                 log.exception("reconcile of %s failed", key)
-                self._retry_later(key)
+                self._retries.later(key)
             finally:
                 self._active.discard(key)
                 if key in self._dirty:
@@ -200,7 +197,7 @@ class TenantController:
             placed = await self._place(key, body, tenant, quotas.max_running)
             if isinstance(placed, TenantProgress):
                 await self._report(key, body, placed)
-                self._retry_later(key)
+                self._retries.later(key)
                 return
             stored = placed
         record = stored.record
@@ -219,13 +216,13 @@ class TenantController:
                 progress, reason="CellFenced",
                 message=f"cell {record.cell} is fenced ({fence.reason}): writes are refused "
                         f"until `kubectl cellplane unfence {record.cell}`"))
-            self._retry_later(key)
+            self._retries.later(key)
             return
         if cell is None or phase not in SERVING_PHASES or not endpoints.get("admin"):
             await self._report(key, body, replace(
                 progress, message=f"cell {record.cell} is {phase or 'not reporting yet'}; the "
                                 "tenant is provisioned there once it serves"))
-            self._retry_later(key)
+            self._retries.later(key)
             return
         applied = (tenant.generation, record.cell, record.epoch)
         secret_name = _secret_name(tenant)
@@ -485,7 +482,7 @@ class TenantController:
             await self._report(key, body, TenantProgress(
                 "Deleting", "MoveInProgress",
                 f"waiting for TenantMove {', '.join(moving)} to end before removing the tenant"))
-            self._retry_later(key)
+            self._retries.later(key)
             return
         purge = tenant.deletion_policy == "Delete"
         stored = self._records.get(key)
@@ -500,7 +497,7 @@ class TenantController:
                         "Deleting", "CellUnavailable",
                         f"waiting for cell {record.cell} to serve, to remove the tenant from it",
                         cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id))
-                    self._retry_later(key)
+                    self._retries.later(key)
                     return
                 token = await self._ctx.cell_admin_token(record.cell)
                 await self._ctx.cells.delete_tenant(admin, token, record.tenant_id, purge=purge)
