@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import signal
 import subprocess
 import sys
@@ -212,11 +213,16 @@ async def test_transient_errors_retry_with_backoff_until_attempts_run_out(cell_d
             [job_id] = enqueue(conn, "acme", 1)
             conn.execute("UPDATE jobs SET max_attempts = 3")
             conn.commit()
+        [(before,)] = fetch(cell_db, "SELECT clock_timestamp()")
         await run_worker(cell_db)
-        # After the first failure the job waits out its backoff: not due yet.
-        [(status, attempts, due_in)] = fetch(
-            cell_db, "SELECT status, attempts, extract(epoch FROM run_after - now()) FROM jobs")
-        assert (status, attempts) == ("queued", 1) and 0 <= due_in <= 1.0
+        [(after,)] = fetch(cell_db, "SELECT clock_timestamp()")
+        # After the first failure the job is queued again behind its backoff: released
+        # between the two readings, with a full-jitter delay of 0 to 1 s (base 1 s). Read
+        # against the clock now, a delay drawn near 0 could be past already.
+        [(status, attempts, run_after)] = fetch(
+            cell_db, "SELECT status, attempts, run_after FROM jobs")
+        assert (status, attempts) == ("queued", 1)
+        assert before <= run_after <= after + datetime.timedelta(seconds=1.0)
 
         def drained() -> bool:
             asyncio.run(run_worker(cell_db))
