@@ -34,7 +34,7 @@ from types import ModuleType
 import pytest
 
 from cellplane_operator.localplane import LocalControlPlane
-from regionplane import RegionPlane
+from regionplane import RegionPlane, ready_cell
 
 REPO = Path(__file__).resolve().parents[2]
 REGIONS = ("region-a", "region-b", "region-c")
@@ -48,6 +48,7 @@ READ_ONLY = ("kubectl get ", "kubectl describe ", "kubectl cellplane status")
 they read is written by the operators a moment after the change a reader waited for
 (a Cell's tenant count follows its tenant's Ready), as a person would look again."""
 SETTLE_SECONDS = 30.0
+DEMO_LIKE_CELL = "shared-a1"
 
 
 def _readme_rules() -> ModuleType:
@@ -66,10 +67,15 @@ rules = _readme_rules()
 
 @pytest.fixture(scope="module")
 def plane(kube3: LocalControlPlane) -> Iterator[RegionPlane]:
+    """Operators in region-a and region-b, and a Ready shared cell of region-a with a
+    standby in region-b, as the demo's plane has (its shared-a1), which the README
+    recommends for the tour: a tour whose tenant left the choice to placement would find
+    that cell Ready while its own is still starting, and land there."""
     regions = RegionPlane(kube3, REGIONS)
-    for region in OPERATOR_REGIONS:
-        regions.start_operator(region)
     try:
+        for region in OPERATOR_REGIONS:
+            regions.start_operator(region)
+        ready_cell(regions, DEMO_LIKE_CELL, standbyRegions=["region-b"])
         yield regions
     finally:
         regions.close()
