@@ -24,8 +24,9 @@ RUN mkdir -p /etc/postgresql-common/createcluster.d \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/*
 
-# initdb looks its user up in /etc/passwd and refuses root: the operator (and so every
-# Postgres it starts) runs as this user, which owns the state directory.
+# initdb and kopf look the user up in /etc/passwd (kopf names itself after it), and initdb
+# refuses root: the operator, and so every Postgres it starts, runs as this user, which
+# owns the state directory.
 RUN groupadd --gid "${CELLPLANE_UID}" cellplane \
     && useradd --uid "${CELLPLANE_UID}" --gid "${CELLPLANE_UID}" --create-home \
         --home-dir /home/cellplane --shell /usr/sbin/nologin cellplane \

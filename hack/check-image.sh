@@ -69,6 +69,12 @@ say "built: $(podman image inspect --format '{{.Size}}' "$image" | awk '{printf 
 container="$(podman create "$image")"
 rootfs="$(podman mount "$container")"
 mounted=""
+uid="$(podman image inspect --format '{{.Config.User}}' "$image")"
+# A command in the image, as its user, with its PATH and nothing of this shell's environment.
+# An array, not a function: `"${as_image[@]}" ... &` then forks chroot itself, which execs
+# env, which execs the command, so $! is the operator's own PID.
+as_image=(chroot --userspec="$uid" "$rootfs" /usr/bin/env -i HOME=/home/cellplane
+          PATH=/opt/cellplane/bin:/usr/bin:/bin KUBECONFIG=/tmp/kubeconfig)
 in_image_root() {  # PIDs of the processes chrooted into the image's filesystem
     local proc
     for proc in /proc/[0-9]*; do
@@ -93,12 +99,6 @@ cleanup_container() {
 mount --rbind /dev "$rootfs/dev"
 mount -t proc proc "$rootfs/proc"
 mounted=yes
-uid="$(podman image inspect --format '{{.Config.User}}' "$image")"
-# A command in the image, as its user, with its PATH and nothing of this shell's environment.
-# An array, not a function: `"${as_image[@]}" ... &` then forks chroot itself, which execs
-# env, which execs the command, so $! is the operator's own PID.
-as_image=(chroot --userspec="$uid" "$rootfs" /usr/bin/env -i HOME=/home/cellplane
-          PATH=/opt/cellplane/bin:/usr/bin:/bin KUBECONFIG=/tmp/kubeconfig)
 
 say "cellplane local up --regions region-a (etcd and kube-apiserver on loopback)"
 "$root/.venv/bin/cellplane" local up --regions region-a --state "$work/state.json" \
