@@ -14,16 +14,17 @@ set -euo pipefail
 trap 'echo "check-image: failed at line $LINENO (exit $?)" >&2' ERR
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
-source "$here/versions.env"
 say() { printf '[check-image %(%H:%M:%S)T] %s\n' -1 "$*"; }
 [ "$(id -u)" = 0 ] || { echo "check-image: run as root (podman builds into /var/lib/containers)" >&2; exit 2; }
 [ -x "$root/.venv/bin/cellplane" ] || { echo "check-image: run bash hack/setup.sh first" >&2; exit 2; }
 
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml")"
 image="localhost/cellplane-operator:$version"
-cache="${CELLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cellplane}"
+python="$root/.venv/bin/python"
+# The pinned kubectl, where the launcher finds it ($CELLPLANE_BIN_DIR or the setup's cache).
+kubectl="$("$python" -c 'from cellplane_operator.localplane.binaries import built_bin_dir
+print(built_bin_dir() / "kubectl")')"
 work="$(mktemp -d /tmp/cellplane-image-XXXXXX)"
-kubectl="$cache/bin/kubectl"
 started=$SECONDS
 container="" plane_pid="" operator_pid=""
 cleanup() {
@@ -106,7 +107,7 @@ say "cellplane local up --regions region-a (etcd and kube-apiserver on loopback)
 plane_pid=$!
 for _ in $(seq 120); do [ -s "$work/state.json" ] && break; sleep 0.5; done
 [ -s "$work/state.json" ] || { cat "$work/local-up.log" >&2; exit 1; }
-read -r kubeconfig etcd < <(python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))
+read -r kubeconfig etcd < <("$python" -c 'import json, sys; s = json.load(open(sys.argv[1]))
 print(s["kube_apiserver"]["kubeconfig"], ",".join(m["endpoint"] for m in s["etcd"].values()))' \
     "$work/state.json")
 kube() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }
