@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from cellplane_cells.domain.plans import PLAN_CEILINGS, Plan, Quotas
+from cellplane_cells.domain.plans import PLAN_CEILINGS, QUOTA_FLOORS, Plan, Quotas, quotas_for
 from cellplane_operator.api import v1alpha1
 from cellplane_operator.api.base import ApiModel
 from cellplane_operator.api.quota_rules import QUOTA_FIELDS, quota_ceiling_rules
@@ -157,3 +157,20 @@ def test_ceiling_rules_follow_the_table() -> None:
     # A double quota compares with a double literal, an integer one with an integer.
     assert any(r.endswith("self.quotas.jobsPerSecond <= 1.0") for r in rules)
     assert any(r.endswith("self.quotas.dailySpendLimit <= 10000000000000") for r in rules)
+
+
+def test_quota_floors_are_the_cells_own() -> None:
+    """jobsPerSecond 1e-10 passed the CRD (> 0) and then failed placement (the cell's
+    floor): the model, and so the CRD, takes its minimums from the cell's table."""
+    schema = v1alpha1.TenantQuotas.model_json_schema(by_alias=True)["properties"]
+    for field, attribute in QUOTA_FIELDS.items():
+        floor = getattr(QUOTA_FLOORS, attribute)
+        bound = next(branch for branch in schema[field]["anyOf"] if branch["type"] != "null")
+        assert bound["minimum"] == floor, field
+        plan = Plan.ENTERPRISE
+        assert getattr(quotas_for(plan, **{attribute: floor}), attribute) == floor
+        below = floor - (1 if isinstance(floor, int) else floor / 10)
+        with pytest.raises(ValueError):
+            quotas_for(plan, **{attribute: below})
+        with pytest.raises(ValidationError):
+            v1alpha1.TenantQuotas.model_validate({field: below})

@@ -165,3 +165,27 @@ def test_model_defaults_are_the_crd_defaults(kind: str, model: type[ApiModel],
     by_model = model.model_validate(spec).model_dump(by_alias=True, mode="json",
                                                      exclude_none=True)
     assert by_model == by_crd
+
+
+def test_a_fractional_bound_is_also_a_cel_rule() -> None:
+    """kube-openapi checks an integer against int64(bound): 0 passed `minimum: 0.1`."""
+    assert crdgen.fractional_bound_rules(
+        {"type": "number", "minimum": 0.1, "maximum": 60}) == [
+        {"rule": "self >= 0.1", "message": "must be greater than or equal to 0.1"}]
+    assert crdgen.fractional_bound_rules(
+        {"type": "number", "minimum": 0.5, "exclusiveMinimum": True, "maximum": 2.5,
+         "exclusiveMaximum": True}) == [
+        {"rule": "self > 0.5", "message": "must be greater than 0.5"},
+        {"rule": "self < 2.5", "message": "must be less than 2.5"}]
+    assert crdgen.fractional_bound_rules({"type": "number", "minimum": 0, "maximum": 3}) == []
+    assert crdgen.fractional_bound_rules({"type": "integer", "minimum": 1}) == []
+
+
+@pytest.mark.parametrize("kind", ["Cell", "Tenant", "TenantMove"])
+def test_every_fractional_bound_of_the_crds_has_its_rule(kind: str) -> None:
+    found = 0
+    for path, node in _nodes(_schema(kind), kind):
+        for rule in crdgen.fractional_bound_rules(node):
+            found += 1
+            assert rule in node.get("x-kubernetes-validations", []), f"{path}: {rule} missing"
+    assert found or kind not in ("Cell", "TenantMove")

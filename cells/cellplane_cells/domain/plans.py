@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-__all__ = ["Plan", "Quotas", "PLAN_DEFAULTS", "PLAN_CEILINGS", "quotas_for"]
+__all__ = ["Plan", "Quotas", "PLAN_DEFAULTS", "PLAN_CEILINGS", "QUOTA_FLOORS", "quotas_for"]
 
 
 class Plan(str, Enum):
@@ -46,6 +46,11 @@ PLAN_CEILINGS: dict[Plan, Quotas] = {
                             daily_spend_limit=10**13),
 }
 
+QUOTA_FLOORS = Quotas(max_running=0, jobs_per_second=0.001, burst=1, daily_spend_limit=0)
+"""The least value of each quota on every plan. The Tenant CRD's minimums are these
+(``api/v1alpha1.py`` reads them), so what the apiserver admits a cell accepts. A rate
+under one job per 1000 s is a mistake, not a limit: the bucket would take days to refill."""
+
 
 def quotas_for(
     plan: Plan,
@@ -72,10 +77,13 @@ def quotas_for(
         value, limit = getattr(quotas, field), getattr(ceiling, field)
         if value > limit:
             raise ValueError(f"{field} {value} is above the {plan.value} plan's ceiling of {limit}")
-        if value < (0 if field == "max_running" else 1e-9):
-            raise ValueError(f"{field} must be positive, got {value}")
+        floor = getattr(QUOTA_FLOORS, field)
+        if value < floor:
+            raise ValueError(f"{field} must be at least {floor:g}, got {value:g}")
     if (quotas.daily_spend_limit is not None and ceiling.daily_spend_limit is not None
-            and not 0 <= quotas.daily_spend_limit <= ceiling.daily_spend_limit):
-        raise ValueError(f"daily_spend_limit {quotas.daily_spend_limit} is outside 0.."
-                         f"{ceiling.daily_spend_limit}")
+            and QUOTA_FLOORS.daily_spend_limit is not None
+            and not QUOTA_FLOORS.daily_spend_limit <= quotas.daily_spend_limit
+            <= ceiling.daily_spend_limit):
+        raise ValueError(f"daily_spend_limit {quotas.daily_spend_limit} is outside "
+                         f"{QUOTA_FLOORS.daily_spend_limit}..{ceiling.daily_spend_limit}")
     return quotas

@@ -9,6 +9,11 @@ OpenAPI v3 schema. ``structural`` translates: ``$ref`` inlined, titles dropped,
 ``const`` becomes a one-value enum, a numeric ``exclusiveMinimum`` becomes
 OpenAPI's boolean form, and every node must carry a ``type``. Anything it does
 not know is an error rather than a silently different CRD.
+
+A fractional bound of a ``number`` field is also stated as a CEL rule: the
+apiserver's schema check compares an integer value with the bound cut to an
+integer (``0`` passes ``minimum: 0.1``), while CEL compares doubles. So every
+bound the models state holds at admission exactly as the models read it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pydantic import BaseModel
 
 from cellplane_operator.api import v1alpha1
 
-__all__ = ["Column", "Resource", "RESOURCES", "structural", "crd", "render", "main"]
+__all__ = ["Column", "Resource", "RESOURCES", "structural", "fractional_bound_rules", "crd",
+           "render", "main"]
 
 # Key order of a schema node in the YAML: what a reader looks for first.
 _NODE_KEYS = (
@@ -163,6 +169,8 @@ def _node(schema: Mapping[str, Any], defs: Mapping[str, Any], *, path: str) -> d
         node["items"] = _node(node["items"], defs, path=f"{path}[]")
     if "maxLength" in node and node.get("type") == "array":
         node["maxItems"] = node.pop("maxLength")
+    if rules := fractional_bound_rules(node):
+        node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), *rules]
     unknown = set(node) - set(_NODE_KEYS)
     if unknown:
         raise ValueError(f"{path}: no structural translation for {sorted(unknown)}")
@@ -176,6 +184,30 @@ def _node(schema: Mapping[str, Any], defs: Mapping[str, Any], *, path: str) -> d
     if ordered.get("default", 0) is None:
         del ordered["default"]
     return ordered
+
+
+def fractional_bound_rules(node: Mapping[str, Any]) -> list[dict[str, str]]:
+    """CEL rules for the fractional bounds of a ``number`` node (OpenAPI form).
+
+    kube-openapi checks an integer value against ``int64(bound)`` (``0 >= 0``
+    for ``minimum: 0.1``), so ``maxWritePauseSeconds: 0`` was stored and then
+    refused by the model every operator reads it with. CEL sees a ``number``
+    as a double whatever the JSON looked like, and compares it exactly.
+    """
+    if node.get("type") != "number":
+        return []
+    rules: list[dict[str, str]] = []
+    for bound_key, inclusive, strict, words in (("minimum", ">=", ">", "greater than"),
+                                                ("maximum", "<=", "<", "less than")):
+        bound = node.get(bound_key)
+        if bound is None or float(bound).is_integer():
+            continue
+        exclusive = node.get(f"exclusive{bound_key[0].upper()}{bound_key[1:]}") is True
+        rules.append({
+            "rule": f"self {strict if exclusive else inclusive} {float(bound)!r}",
+            "message": f"must be {words}{'' if exclusive else ' or equal to'} {float(bound):g}",
+        })
+    return rules
 
 
 def _inline(node: dict[str, Any], defs: Mapping[str, Any], *, path: str) -> dict[str, Any]:

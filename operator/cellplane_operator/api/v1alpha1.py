@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
-from cellplane_cells.domain.plans import PLAN_CEILINGS, Plan
+from cellplane_cells.domain.plans import PLAN_CEILINGS, QUOTA_FLOORS, Plan
 from cellplane_operator.api.base import (
     ApiModel,
     DnsLabel,
@@ -304,13 +304,14 @@ TenantPhase = Literal["Pending", "Placing", "Provisioning", "Ready", "Unplaceabl
 class TenantQuotas(ApiModel):
     """Limits of one tenant, enforced by its cell."""
 
-    max_running_jobs: int | None = Field(default=None, ge=0)
+    # The floors are the cell's own (cellplane_cells.domain.plans), as the ceilings are.
+    max_running_jobs: int | None = Field(default=None, ge=QUOTA_FLOORS.max_running)
     """Jobs of the tenant that may run at once."""
-    jobs_per_second: float | None = Field(default=None, gt=0)
+    jobs_per_second: float | None = Field(default=None, ge=QUOTA_FLOORS.jobs_per_second)
     """Sustained submission rate of the tenant API's token bucket."""
-    burst: int | None = Field(default=None, ge=1)
+    burst: int | None = Field(default=None, ge=QUOTA_FLOORS.burst)
     """Submissions allowed at once after a quiet spell (the bucket's size)."""
-    daily_spend_limit: int | None = Field(default=None, ge=0)
+    daily_spend_limit: int | None = Field(default=None, ge=QUOTA_FLOORS.daily_spend_limit)
     """Micro-credits an enterprise tenant may reserve per day."""
 
 
