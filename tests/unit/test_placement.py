@@ -277,29 +277,39 @@ def test_a_dedicated_tenant_cannot_be_pinned_elsewhere() -> None:
 
 def test_names_are_readable_when_they_can_be() -> None:
     assert dedicated_cell_name("acme", "prod") == "t-acme-prod"
-    assert tenant_id("acme", "prod") == "acme-prod"
-    assert tenant_id("team-a", "billing") == "team--a-billing"
+    assert tenant_id("acme", "prod", "u1") == "acme-prod-xobagdn4"
+    assert tenant_id("team-a", "billing", "u1") == "team--a-billing-xobagdn4"
 
 
 def test_names_that_would_be_ambiguous_differ() -> None:
-    assert tenant_id("a-b", "c") != tenant_id("a", "b-c")
+    assert tenant_id("a-b", "c", "u") != tenant_id("a", "b-c", "u")
     assert dedicated_cell_name("a-b", "c") != dedicated_cell_name("a", "b-c")
     # A name with dots cannot be spelled plainly; it is hashed, not mapped onto "a-b".
-    assert tenant_id("ns", "a.b") != tenant_id("ns", "a-b")
+    assert tenant_id("ns", "a.b", "u") != tenant_id("ns", "a-b", "u")
 
 
 def test_long_names_are_cut_with_a_hash_and_stay_labels() -> None:
     namespace, name = "n" * 63, "a-very-long.tenant.name" + "x" * 200
-    for value, limit in ((dedicated_cell_name(namespace, name), 63), (tenant_id(namespace, name), 63)):
+    for value, limit in ((dedicated_cell_name(namespace, name), 63), (tenant_id(namespace, name, "u"), 63)):
         assert LABEL.match(value) and len(value) <= limit, value
     # Same prefix, different tenants: the hash tells them apart.
-    assert tenant_id("n" * 63, "x" * 100 + "1") != tenant_id("n" * 63, "x" * 100 + "2")
+    assert tenant_id("n" * 63, "x" * 100 + "1", "u") != tenant_id("n" * 63, "x" * 100 + "2", "u")
+
+
+def test_a_tenant_id_belongs_to_one_object() -> None:
+    """A Tenant created again under the same name is a new object (a new uid): it gets
+    an id of its own, so a retained predecessor's rows are never its rows."""
+    first = tenant_id("acme", "prod", "0b6a3e0e-1111-4c1e-9d43-7f0e0a000001")
+    again = tenant_id("acme", "prod", "0b6a3e0e-1111-4c1e-9d43-7f0e0a000002")
+    assert first != again and first.startswith("acme-prod-") and again.startswith("acme-prod-")
+    with pytest.raises(ValueError):
+        tenant_id("acme", "prod", "")
 
 
 def test_names_are_stable_across_runs() -> None:
     # Fixed values: a change here renames every tenant's cell and database id.
-    assert tenant_id("team-payments-europe", "a" * 60) == (
-        "team--payments--europe--aaaaaaaaaaaaaaaaaaaaaaaaaaa--aex3a2aq2w")
+    assert tenant_id("team-payments-europe", "a" * 60, "4f1c2d3e-0000-4000-8000-000000000000") == (
+        "team--payments--europe--aaaaaaaaaaaaaaaaaa--aex3a2aq2w-q4rxxk2m")
     assert dedicated_cell_name("acme", "my.tenant") == "t-acme--my--tenant--52dyxn7zh4"
 
 
@@ -310,7 +320,8 @@ labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 @given(st.lists(st.tuples(st.one_of(labels, names), st.one_of(labels, names)), min_size=2,
                 max_size=30, unique=True))
 def test_different_tenants_never_share_a_name(tenants: list[tuple[str, str]]) -> None:
-    for naming in (tenant_id, dedicated_cell_name):
+    for naming in (lambda namespace, name: tenant_id(namespace, name, "one-uid"),
+                   dedicated_cell_name):
         values = [naming(namespace, name) for namespace, name in tenants]
         assert len(set(values)) == len(values)
         for value in values:

@@ -504,7 +504,27 @@ def dedicated_cell_name(namespace: str, name: str) -> str:
     return "t-" + _encode(namespace, name, 61)
 
 
-def tenant_id(namespace: str, name: str) -> str:
-    """The tenant's id in its cell's database, unique per namespace/name
-    (``acme-prod``; ``team--a-prod`` for namespace ``team-a``)."""
-    return _encode(namespace, name, 63)
+def tenant_id(namespace: str, name: str, uid: str) -> str:
+    """The tenant's id in its cell's database: one per Tenant *object*, never reused
+    (``acme-prod-`` and 8 characters of the object's uid; ``team--a-prod-...`` for
+    namespace ``team-a``).
+
+    The uid binds the data to the object. A Tenant deleted with deletionPolicy Retain
+    leaves its rows in the cell, disabled, under its id; one created again under the
+    same name is a new object with a new uid, so it gets a new id and an empty
+    account, and never lists the old jobs or replays the old idempotency keys. The
+    suffix has no dash, so the name's part before it stays the unambiguous
+    ``_encode`` form; the record in etcd keeps the id, so it is computed once.
+    """
+    return f"{_encode(namespace, name, 63 - 1 - _UID_CHARS)}-{_uid_tag(uid)}"
+
+
+_UID_CHARS = 8
+"""Base32 characters (40 bits) of SHA-256 of the object's uid in a tenant id."""
+
+
+def _uid_tag(uid: str) -> str:
+    if not uid:
+        raise ValueError("a tenant id needs the Tenant's metadata.uid")
+    digest = hashlib.sha256(uid.encode()).digest()
+    return base64.b32encode(digest).decode().lower()[:_UID_CHARS]

@@ -271,7 +271,7 @@ class TenantController:
             if isinstance(outcome, WaitForCell) and tenant.isolation is Tier.SHARED:
                 return TenantProgress("Placing", outcome.reason, outcome.message)
             record = PlacementRecord(cell=outcome.cell, epoch=1,
-                                     tenant_id=tenant_id(tenant.namespace, tenant.name),
+                                     tenant_id=tenant_id(tenant.namespace, tenant.name, tenant.uid),
                                      uid=tenant.uid, max_running=max_running)
             if await self._store.create(key, record, guard=self._leadership.guard()):
                 # Counted at once for the next decision; its revision is read after the
