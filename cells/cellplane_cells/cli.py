@@ -62,9 +62,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _work(args: argparse.Namespace) -> int:
-    import httpx
-
     from cellplane_cells.db import open_pool
+    from cellplane_cells.egress import guarded_client
     from cellplane_cells.relay import Relay, RelayConfig
     from cellplane_cells.worker import Worker, WorkerConfig
 
@@ -87,7 +86,8 @@ def _work(args: argparse.Namespace) -> int:
         pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.slots + 6,
                          name="worker")
         try:
-            async with httpx.AsyncClient() as http:
+            # Every call to a target or a webhook goes through the cell's URL policy.
+            async with guarded_client(allow_private=settings.allow_private_targets) as http:
                 worker = Worker(pool, http, config)
                 relay = Relay(pool, http, RelayConfig(relay_id=args.worker_id))
                 logging.getLogger("cellplane.cell").info(

@@ -45,6 +45,7 @@ from cellplane_cells.domain import breaker as breakers
 from cellplane_cells.domain.breaker import Breaker, BreakerPolicy, BreakerState
 from cellplane_cells.domain.retry import RetryPolicy, decide
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
 from cellplane_cells.metrics import DELIVERIES
 from cellplane_cells.queries import query
@@ -132,6 +133,8 @@ class _Answer:
     """None: no answer (refused, reset, timed out)."""
     error: str | None
     retry_after_seconds: float | None
+    refused: bool = False
+    """The cell's URL policy refused the endpoint's address: nothing was sent."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ def _verdict(delivery: Delivery, answer: _Answer, config: RelayConfig,
     code = answer.status_code
     if code is not None and 200 <= code < 300:
         return _Verdict("delivered", "delivered", 0.0)
+    if answer.refused:
+        return _Verdict("dead", "rejected", 0.0)
     decided = decide(attempt=delivery.attempt, status_code=code, policy=config.retry, rng=rng,
                      retry_after_seconds=answer.retry_after_seconds)
     if decided.permanent:
@@ -322,6 +327,8 @@ class Relay:
                     return _Answer(code, error, _retry_after(response))
         except TimeoutError:
             return _Answer(None, f"no answer within {timeout:g}s", None)
+        except EgressRefused as refused:
+            return _Answer(None, str(refused)[:2000], None, refused=True)
         except (httpx.HTTPError, httpx.InvalidURL) as error:
             return _Answer(None, f"{type(error).__name__}: {error}"[:2000], None)
 

@@ -30,6 +30,7 @@ from cellplane_cells import jobqueue, moves
 from cellplane_cells.db import ThreadedDatabase
 from cellplane_cells.domain.retry import RetryPolicy, decide
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
 from cellplane_cells.metrics import CLAIMS, STEP_CALLS
 from cellplane_cells.queries import query
@@ -260,6 +261,14 @@ class Worker:
                                                  timeout=self._config.call_timeout_seconds)
                 status = response.status_code
                 retry_after = _retry_after(response)
+            except EgressRefused as refused:
+                # The URL policy refused the target's address (a row that came by import
+                # or a move, a tightened policy, a name that resolves elsewhere now):
+                # nothing was sent, and asking again would be refused again.
+                STEP_CALLS.labels("refused").observe(time.monotonic() - started)
+                await self._db(jobqueue.release, job, permanent=True, delay_seconds=0,
+                               error=f"step {step.step}: {refused}", error_code="target_refused")
+                return
             except httpx.HTTPError as error:
                 STEP_CALLS.labels("error").observe(time.monotonic() - started)
                 await self._fail(job, None, f"step {step.step}: {type(error).__name__}: {error}", None)

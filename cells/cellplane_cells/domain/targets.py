@@ -27,7 +27,7 @@ import ipaddress
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
-__all__ = ["check_url", "check_host_addresses", "address_refusal", "embedded_ipv4",
+__all__ = ["check_url", "check_host_addresses", "address_refusal", "embedded_ipv4", "ip_literal",
            "legacy_ipv4", "UrlRefused", "IPAddress"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -57,7 +57,7 @@ def check_url(url: str, *, allow_private: bool,
     ``resolve`` maps a host name to its addresses (the adapter passes DNS).
     """
     host = _host_of(url)
-    literal = _ip_literal(host)
+    literal = ip_literal(host)
     try:
         addresses = [str(literal)] if literal is not None else list(resolve(host))
     except OSError as error:
@@ -194,7 +194,7 @@ def _host_of(url: str) -> str:
     return host
 
 
-def _ip_literal(host: str) -> IPAddress | None:
+def ip_literal(host: str) -> IPAddress | None:
     """The address ``host`` is written as, or None for a name; legacy spellings refused."""
     try:
         return ipaddress.ip_address(host.split("%")[0])
