@@ -14,6 +14,7 @@ __all__ = [
     "LocalPlaneError",
     "ProcessStartError",
     "BinaryNotFoundError",
+    "ImageBuildError",
     "SiteError",
     "KubeConfigError",
     "KubeApiError",
@@ -49,6 +50,11 @@ class ProcessStartError(LocalPlaneError):
 
 class BinaryNotFoundError(LocalPlaneError):
     """A program the local control plane needs is not installed or not built yet."""
+
+
+class ImageBuildError(LocalPlaneError):
+    """A local cluster image could not be built or imported; the message ends with the
+    build step's own output."""
 
 
 class SiteError(CellplaneError):

@@ -1,20 +1,21 @@
 """Where the real programs are, at the versions pinned in ``hack/versions.env``.
 
-``hack/build-binaries.sh`` builds kube-apiserver, kubectl, etcd and helm into a
-cache outside the repository; PostgreSQL comes from Debian's packages. This module
-only finds them and says clearly what to run when one is missing.
+``hack/build-binaries.sh`` builds kube-apiserver, kubectl, etcd, helm, the local
+cluster's node programs and CoreDNS into a cache outside the repository; PostgreSQL
+(and containerd, runc, the CNI plugins) come from Debian's packages. This module only
+finds them and says clearly what to run when one is missing.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from cellplane_operator.errors import BinaryNotFoundError
 
-__all__ = ["Binaries", "default_cache_dir", "built_bin_dir", "helm_binary"]
+__all__ = ["Binaries", "ClusterBinaries", "default_cache_dir", "built_bin_dir", "helm_binary"]
 
 _BUILD_HINT = "run `bash hack/setup.sh` (it builds the pinned versions from their Go modules)"
 
@@ -83,6 +84,34 @@ class Binaries:
 
     def pg(self, program: str) -> str:
         return str(self.postgres_bin / program)
+
+
+@dataclass(frozen=True)
+class ClusterBinaries:
+    """The Go-built programs a real cluster adds to the local control plane's: each is
+    the file of its own name (``kube_proxy``: ``kube-proxy``) in ``built_bin_dir()``."""
+
+    kubelet: Path
+    """kubelet, from k8s.io/kubernetes at the apiserver's version."""
+    kube_proxy: Path
+    """kube-proxy (iptables mode), same build."""
+    kube_controller_manager: Path
+    """kube-controller-manager, same build."""
+    kube_scheduler: Path
+    """kube-scheduler, same build."""
+    coredns: Path
+    """CoreDNS, from github.com/coredns/coredns at COREDNS_VERSION."""
+
+    @classmethod
+    def discover(cls) -> ClusterBinaries:
+        bin_dir = built_bin_dir()
+        found = cls(**{field.name: bin_dir / field.name.replace("_", "-")
+                       for field in fields(cls)})
+        for field in fields(found):
+            path: Path = getattr(found, field.name)
+            if not os.access(path, os.X_OK):
+                raise BinaryNotFoundError(f"{path} is missing: {_BUILD_HINT}")
+        return found
 
 
 def _postgres_bin(major: int) -> Path:

@@ -1,0 +1,3 @@
+module cellplane.local/pause
+
+go 1.26
