@@ -8,20 +8,27 @@ import pytest
 
 from cellplane_operator.domain.cells import CellName, Region, Tier
 from cellplane_operator.domain.moves import (
+    MAX_CUTOVER_ATTEMPTS,
     Admitted,
+    CutoverClock,
     MovePhase,
     MoveRequest,
+    Overrun,
     RecordView,
     Refused,
     RefusalReason,
     Resume,
     admit_move,
+    after_overrun,
+    cutover_reserve,
     differing_tables,
     fixed_pause_over_budget,
+    gives_up,
     may_abort,
     next_phase,
     ready_to_cut_over,
     resume,
+    waiting_refusal_phase,
 )
 from cellplane_operator.domain.placement import CellCandidate
 
@@ -133,3 +140,49 @@ def test_only_refusals_the_world_can_lift_keep_a_move_waiting() -> None:
     waiting = {reason for reason in RefusalReason if reason.waits}
     assert waiting == {RefusalReason.NO_SUCH_CELL, RefusalReason.NOT_READY,
                        RefusalReason.NO_CAPACITY, RefusalReason.NOT_PLACED}
+
+
+# -- moves that cannot proceed end (issue #18, item 7) -----------------------------------
+
+
+def test_a_refusal_the_world_may_lift_waits_only_until_the_progress_deadline() -> None:
+    waits = RefusalReason.NO_SUCH_CELL
+    assert waiting_refusal_phase(waits, waited_seconds=10, deadline_seconds=600) \
+        is MovePhase.PENDING
+    assert waiting_refusal_phase(waits, waited_seconds=600, deadline_seconds=600) \
+        is MovePhase.FAILED
+    assert waiting_refusal_phase(RefusalReason.SAME_CELL, waited_seconds=0,
+                                 deadline_seconds=600) is MovePhase.FAILED
+
+
+def test_a_move_whose_steps_keep_failing_gives_up_only_before_its_cutover() -> None:
+    for phase in (MovePhase.COPYING, MovePhase.CATCHING_UP):
+        assert gives_up(phase, failing_seconds=601, deadline_seconds=600)
+        assert not gives_up(phase, failing_seconds=599, deadline_seconds=600)
+    # From the cutover on the source may be frozen: the move ends it, never leaves it.
+    for phase in (MovePhase.CUTTING_OVER, MovePhase.VERIFYING):
+        assert not gives_up(phase, failing_seconds=10_000, deadline_seconds=600)
+
+
+# -- the write pause is bounded (issue #18, item 13) ------------------------------------
+
+
+def test_the_cutover_keeps_a_reserve_of_its_budget_for_ending_the_pause() -> None:
+    clock = CutoverClock(paused_at=100.0, max_pause_seconds=2.0, record_write_seconds=0.2,
+                         cell_call_seconds=0.3)
+    # Ending the pause: a record write and a cell call, after the commit's record write.
+    assert clock.commit_by == pytest.approx(100.0 + 2.0 - (2 * 0.2 + 0.3))
+    assert clock.left(101.0) == pytest.approx(0.3)
+    # Lucky timings still keep a tenth of the budget.
+    assert cutover_reserve(record_write_seconds=0.0, cell_call_seconds=0.0,
+                           max_pause_seconds=2.0) == pytest.approx(0.2)
+    # A machine so slow that ending the pause alone takes the budget leaves no time at all:
+    # the cutover gives the writes back at once rather than pausing longer.
+    slow = CutoverClock(paused_at=0.0, max_pause_seconds=2.0, record_write_seconds=1.0,
+                        cell_call_seconds=0.5)
+    assert slow.left(0.0) < 0
+
+
+def test_cutovers_over_their_budget_are_tried_again_then_fail() -> None:
+    assert [after_overrun(n) for n in range(1, MAX_CUTOVER_ATTEMPTS + 1)] == \
+        [Overrun.RETRY] * (MAX_CUTOVER_ATTEMPTS - 1) + [Overrun.FAIL]

@@ -18,7 +18,8 @@ from cellplane_operator.domain.placement import CellCandidate
 
 __all__ = ["MovePhase", "RefusalReason", "MoveRequest", "Admitted", "Refused", "admit_move",
            "next_phase", "may_abort", "ready_to_cut_over", "fixed_pause_over_budget",
-           "TERMINAL_PHASES",
+           "TERMINAL_PHASES", "waiting_refusal_phase", "gives_up", "CutoverClock",
+           "cutover_reserve", "after_overrun", "Overrun", "MAX_CUTOVER_ATTEMPTS",
            "MOVING_PHASES", "differing_tables", "Resume", "RecordView", "resume"]
 
 
@@ -166,6 +167,83 @@ def fixed_pause_over_budget(*, fixed_pause_seconds: float, max_pause_seconds: fl
     grow with the tenant) more than the half of the budget a cutover may use? Then no
     delta, however small, fits: the move must say so rather than catch up for ever."""
     return fixed_pause_seconds > max_pause_seconds / 2
+
+
+def waiting_refusal_phase(reason: RefusalReason, *, waited_seconds: float,
+                          deadline_seconds: float) -> MovePhase:
+    """The phase of a move refused at admission, after it has waited ``waited_seconds``
+    since it was created: Pending while the world may still lift the refusal, Failed
+    (with that reason) once it has waited its progress deadline, or at once for a
+    refusal nothing can lift. A move that cannot start must end, or it holds its tenant
+    (one move at a time) for good."""
+    if reason.waits and waited_seconds < deadline_seconds:
+        return MovePhase.PENDING
+    return MovePhase.FAILED
+
+
+def gives_up(phase: MovePhase, *, failing_seconds: float, deadline_seconds: float) -> bool:
+    """Has a move whose every step failed for ``failing_seconds`` (a cell that does not
+    serve, a refusal by a cell) run out of its progress deadline? Only before the
+    cutover: from there on the source may be frozen, and the move must end it (undo
+    or finish), never leave it."""
+    return may_abort(phase) and failing_seconds >= deadline_seconds
+
+
+# -- the write pause's bound -----------------------------------------------------
+
+MAX_CUTOVER_ATTEMPTS = 5
+"""Cutovers that ran out of their budget (and gave the writes back) before the move fails."""
+
+_RESERVE_FLOOR = 0.1
+"""The least share of the budget kept for ending the pause, however lucky the timings."""
+
+
+def cutover_reserve(*, record_write_seconds: float, cell_call_seconds: float,
+                    max_pause_seconds: float) -> float:
+    """The part of the write-pause budget kept for ending the pause, whichever way it ends.
+
+    Past the commit, the pause ends with the target's activation (a cell call) and the
+    moving mark cleared (a record write) after the commit's own record write; short of
+    it, with the source unfrozen (a cell call) and the mark cleared. Both are timed on
+    the cutover itself (the mark's write, the freeze's call), so a slow machine reserves
+    more; a floor covers timings that came out lucky.
+    """
+    return max(2 * record_write_seconds + cell_call_seconds,
+               _RESERVE_FLOOR * max_pause_seconds)
+
+
+@dataclass(frozen=True)
+class CutoverClock:
+    """The deadline the cutover carries: every step before the commit must end by
+    ``commit_by`` (seconds on one monotonic clock), or the cutover gives the writes back."""
+
+    paused_at: float
+    max_pause_seconds: float
+    record_write_seconds: float
+    cell_call_seconds: float
+
+    @property
+    def commit_by(self) -> float:
+        return self.paused_at + self.max_pause_seconds - cutover_reserve(
+            record_write_seconds=self.record_write_seconds,
+            cell_call_seconds=self.cell_call_seconds, max_pause_seconds=self.max_pause_seconds)
+
+    def left(self, now: float) -> float:
+        """Seconds the steps before the commit still have (0 or less: none)."""
+        return self.commit_by - now
+
+
+class Overrun(StrEnum):
+    RETRY = "Retry"
+    """Catch up again, and cut over once more."""
+    FAIL = "Fail"
+    """The budget never held: the move fails and the tenant stays in its source."""
+
+
+def after_overrun(attempts: int, *, max_attempts: int = MAX_CUTOVER_ATTEMPTS) -> Overrun:
+    """After ``attempts`` cutovers that could not commit within the budget (each one rolled
+    back: the source serves again under its epoch), try again or fail."""
+    return Overrun.FAIL if attempts >= max_attempts else Overrun.RETRY
 
 
 # -- verification ---------------------------------------------------------------
