@@ -5,6 +5,8 @@
     cellplane move TENANT --to CELL [--wait]             move a tenant to another cell
     cellplane sites stop --state-dir DIR  stop the site processes an operator left running
     cellplane local up [--regions a,b,c]  start etcd, kube-apiserver and the CRDs
+    cellplane local up --cluster          a real cluster: control plane + a node per region
+    cellplane local down                  stop it (partition/heal REGION: cut a region's link)
     cellplane demo [--short] [--keep]     the local demo: 3 regions, a load, a move, a region lost
     cellplane cell {migrate,work,serve}   a cell's own processes
 """
@@ -97,7 +99,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="comma-separated regions, one etcd member each")
     up.add_argument("--state", type=Path, default=Path(".local/state.json"),
                     help="where to write endpoints, PIDs and the kubeconfig path")
+    up.add_argument("--cluster", action="store_true",
+                    help="a real cluster instead: control plane, and a node per region "
+                         "(kubelet, containerd, kube-proxy) in network namespaces of its own")
     up.set_defaults(run=_run_local_up)
+    from cellplane_operator.localplane.cluster_cli import add_cluster_commands
+
+    add_cluster_commands(local_commands)
 
     from cellplane_operator.demo import add_demo_command
 
@@ -358,6 +366,10 @@ def _run_local_up(args: argparse.Namespace) -> int:
     from cellplane_operator.localplane.controlplane import LocalPlaneConfig
 
     regions = tuple(r.strip() for r in args.regions.split(",") if r.strip())
+    if args.cluster:
+        from cellplane_operator.localplane.cluster_cli import run_cluster_up
+
+        return run_cluster_up(regions, args.state, _wait_for_interrupt)
     plane = LocalControlPlane(LocalPlaneConfig(regions=regions))
     print(f"starting etcd ({len(regions)} member(s)) and kube-apiserver in {plane.run_dir} ...")
     plane.start()

@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
-from cellplane_operator.errors import LocalPlaneError
+from cellplane_operator.errors import BinaryNotFoundError, LocalPlaneError
 from cellplane_operator.localplane.apiserver import write_kubeconfig
-from cellplane_operator.localplane.binaries import Binaries, built_bin_dir
+from cellplane_operator.localplane.binaries import Binaries, ClusterBinaries
 from cellplane_operator.localplane.cgroups import CgroupTree, cgroup_base
 from cellplane_operator.localplane.clusterplan import (
     APISERVER_PORT,
@@ -80,40 +80,24 @@ class ClusterPrograms:
     its client from Debian's packages."""
 
     base: Binaries
-    kube_controller_manager: Path
-    kube_scheduler: Path
-    coredns: Path
+    built: ClusterBinaries
     node: NodePrograms
 
     @classmethod
     def discover(cls) -> ClusterPrograms:
-        base = Binaries.discover()
-        bin_dir = built_bin_dir()
-        found = cls(
-            base=base,
-            kube_controller_manager=bin_dir / "kube-controller-manager",
-            kube_scheduler=bin_dir / "kube-scheduler",
-            coredns=bin_dir / "coredns",
-            node=NodePrograms(
-                containerd=Path(shutil.which("containerd") or "/usr/bin/containerd"),
-                kubelet=bin_dir / "kubelet",
-                kube_proxy=bin_dir / "kube-proxy",
-                ctr=Path(shutil.which("ctr") or "/usr/bin/ctr"),
-            ),
-        )
-        missing = [str(path) for path in (
-            found.kube_controller_manager, found.kube_scheduler, found.coredns,
-            found.node.kubelet, found.node.kube_proxy, found.node.containerd, found.node.ctr)
-            if not os.access(path, os.X_OK)]
-        for tool in ("nsenter", "ip", "iptables", "runc", "containerd-shim-runc-v2"):
-            if shutil.which(tool) is None:
-                missing.append(tool)
+        built = ClusterBinaries.discover()
+        missing = [tool for tool in ("containerd", "ctr", "nsenter", "ip", "iptables", "runc",
+                                     "containerd-shim-runc-v2") if shutil.which(tool) is None]
         if missing:
-            from cellplane_operator.errors import BinaryNotFoundError
-
             raise BinaryNotFoundError(
                 f"the cluster needs {', '.join(missing)}: run `bash hack/setup.sh`")
-        return found
+        return cls(
+            base=Binaries.discover(),
+            built=built,
+            node=NodePrograms(containerd=Path(shutil.which("containerd") or "containerd"),
+                              kubelet=built.kubelet, kube_proxy=built.kube_proxy,
+                              ctr=Path(shutil.which("ctr") or "ctr")),
+        )
 
 
 @dataclass(frozen=True)
@@ -134,6 +118,7 @@ class ClusterState:
     """What teardown needs, written to ``<run_dir>/cluster.json`` before anything starts."""
 
     cluster_id: str
+    regions: tuple[str, ...]
     run_dir: str
     netns: tuple[str, ...]
     cgroup: str
@@ -146,9 +131,13 @@ class ClusterState:
     @classmethod
     def read(cls, path: Path) -> ClusterState:
         raw = json.loads(path.read_text())
-        return cls(cluster_id=raw["cluster_id"], run_dir=raw["run_dir"],
+        return cls(cluster_id=raw["cluster_id"], regions=tuple(raw["regions"]),
+                   run_dir=raw["run_dir"],
                    netns=tuple(raw["netns"]), cgroup=raw["cgroup"],
                    launcher_pid=int(raw["launcher_pid"]), kubeconfig=raw["kubeconfig"])
+
+    def plan(self) -> ClusterPlan:
+        return ClusterPlan(self.cluster_id, self.regions)
 
 
 def teardown(state: ClusterState, *, remove_run_dir: bool = True) -> list[str]:
@@ -224,7 +213,8 @@ class LocalCluster:
         return self.run_dir / "logs"
 
     def state(self) -> ClusterState:
-        return ClusterState(cluster_id=self.plan.cluster_id, run_dir=str(self.run_dir),
+        return ClusterState(cluster_id=self.plan.cluster_id, regions=self.plan.regions,
+                            run_dir=str(self.run_dir),
                             netns=self.plan.all_netns(), cgroup=self.cgroup.path,
                             launcher_pid=os.getpid(), kubeconfig=str(self.kubeconfig))
 
@@ -434,7 +424,7 @@ class LocalCluster:
         pki = self.pki_dir
         kcm = str(self.run_dir / "kube-controller-manager.kubeconfig")
         self._control_process("kube-controller-manager", [
-            str(self.programs.kube_controller_manager),
+            str(self.programs.built.kube_controller_manager),
             f"--kubeconfig={kcm}", f"--authentication-kubeconfig={kcm}",
             f"--authorization-kubeconfig={kcm}",
             "--bind-address=127.0.0.1",
@@ -447,7 +437,7 @@ class LocalCluster:
             "--leader-elect=false", "--v=1"])
         scheduler = str(self.run_dir / "kube-scheduler.kubeconfig")
         self._control_process("kube-scheduler", [
-            str(self.programs.kube_scheduler),
+            str(self.programs.built.kube_scheduler),
             f"--kubeconfig={scheduler}", f"--authentication-kubeconfig={scheduler}",
             f"--authorization-kubeconfig={scheduler}",
             "--bind-address=127.0.0.1", "--leader-elect=false", "--v=1"])
@@ -458,7 +448,7 @@ class LocalCluster:
             f"        kubeconfig {self.run_dir / 'coredns.kubeconfig'}\n"
             "        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }\n"
             "    cache 5\n    reload\n}\n")
-        self._control_process("coredns", [str(self.programs.coredns), "-conf", str(corefile)])
+        self._control_process("coredns", [str(self.programs.built.coredns), "-conf", str(corefile)])
 
     def _node(self, region: str) -> WorkerNode:
         try:
