@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel
 
 from cellplane_operator.api import v1alpha1
+from cellplane_operator.api.base import Rule
 
 __all__ = ["Column", "Resource", "RESOURCES", "structural", "fractional_bound_rules", "crd",
            "render", "main"]
@@ -80,6 +81,9 @@ class Resource:
     status: type[BaseModel]
     columns: tuple[Column, ...]
     description: str
+    name_rules: tuple[Rule, ...] = ()
+    """CEL rules over ``metadata.name`` (the only metadata CEL sees): a name the
+    objects derived from it cannot carry is refused at admission."""
 
     @property
     def file_name(self) -> str:
@@ -89,6 +93,7 @@ class Resource:
 RESOURCES: tuple[Resource, ...] = (
     Resource(
         kind="Cell", plural="cells", scope="Cluster", short_names=("cl",),
+        name_rules=v1alpha1.CELL_NAME_RULES,
         spec=v1alpha1.CellSpec, status=v1alpha1.CellStatus,
         description="One independent stack of the job platform (API, workers, Postgres) with "
                     "a primary site in its home region and standbys in others.",
@@ -107,6 +112,7 @@ RESOURCES: tuple[Resource, ...] = (
     ),
     Resource(
         kind="Tenant", plural="tenants", scope="Namespaced", short_names=("tn",),
+        name_rules=v1alpha1.TENANT_NAME_RULES,
         spec=v1alpha1.TenantSpec, status=v1alpha1.TenantStatus,
         description="A customer of the job platform, placed in a shared or a dedicated Cell.",
         columns=(
@@ -288,6 +294,10 @@ def crd(resource: Resource) -> dict[str, Any]:
                         "spec": spec,
                         "status": status,
                     },
+                    **({"x-kubernetes-validations": [
+                        {key: rule[key] for key in _RULE_KEYS if key in rule}
+                        for rule in (r.as_schema() for r in resource.name_rules)]}
+                       if resource.name_rules else {}),
                 }},
             }],
         },

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field
 
 from cellplane_cells.domain.plans import PLAN_CEILINGS, QUOTA_FLOORS, Plan
 from cellplane_operator.api.base import (
+    DNS_LABEL_PATTERN,
     ApiModel,
     DnsLabel,
     HttpUrl,
@@ -31,6 +32,8 @@ __all__ = [
     "GROUP",
     "VERSION",
     "API_VERSION",
+    "CELL_NAME_RULES",
+    "TENANT_NAME_RULES",
     "Condition",
     "CellPhase",
     "TenantPhase",
@@ -60,6 +63,21 @@ __all__ = [
 GROUP = "cellplane.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+
+
+def _name_is_a_dns_label(kind: str, why: str) -> Rule:
+    """metadata.name as a DNS label (Kubernetes allows a 253-character subdomain)."""
+    return Rule(f"self.metadata.name.size() <= 63 && self.metadata.name.matches("
+                f"'{DNS_LABEL_PATTERN}')",
+                f"a {kind}'s name must be a DNS label: at most 63 lowercase letters, digits "
+                f"and '-', no dots ({why})")
+
+
+CELL_NAME_RULES = (_name_is_a_dns_label(
+    "Cell", "spec.cell and a TenantMove's targetCell name cells by DNS labels"),)
+TENANT_NAME_RULES = (_name_is_a_dns_label(
+    "Tenant", "it is the value of the cellplane.io/tenant label on the tenant's Secret and "
+    "dedicated Cell, and a TenantMove's spec.tenant names it"),)
 
 
 def _immutable(message: str) -> Rule:
