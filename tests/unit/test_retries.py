@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cellplane_operator.runtime.retries import RetrySchedule
+from cellplane_operator.runtime.retries import FailureLog, RetrySchedule
 
 
 class Timers:
@@ -63,3 +63,23 @@ def test_a_reset_while_a_retry_is_pending_keeps_that_one_retry() -> None:
     assert timers.fire_all() == [1.0]
     retries.later("acme")
     assert timers.fire_all() == [2.0]
+
+
+def test_a_pending_retry_is_visible_so_a_resync_leaves_the_key_to_it() -> None:
+    timers, woken = Timers(), []
+    retries = schedule(timers, woken)
+    assert not retries.waiting("team-a/acme")
+    retries.later("team-a/acme")
+    assert retries.waiting("team-a/acme")
+    timers.fire_all()
+    assert not retries.waiting("team-a/acme")
+
+
+def test_each_distinct_failure_is_said_once() -> None:
+    failures: FailureLog[str] = FailureLog()
+    said = [failures.is_new("acme", problem) for problem in
+            ["refused", "refused", "refused", "timed out", "timed out", "refused"]]
+    assert said == [True, False, False, True, False, True]
+    assert failures.is_new("globex", "refused"), "keys are apart"
+    failures.cleared("acme")
+    assert failures.is_new("acme", "refused"), "after a success, a failure is news again"

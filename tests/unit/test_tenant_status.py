@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 
 from cellplane_cells.domain.plans import PLAN_DEFAULTS, Plan
-from cellplane_operator.domain.tenants import TenantProgress, plan_tenant_status
+from cellplane_operator.domain.tenants import (
+    TenantProgress, name_problem, plan_tenant_status, refused_by_cell,
+)
 
 NOW = datetime.datetime(2026, 11, 29, 8, 0, 0, tzinfo=datetime.timezone.utc)
 
@@ -58,3 +60,28 @@ def test_a_move_under_way_shows_as_the_moving_condition() -> None:
     moving = by_type(status)["Moving"]
     assert (moving["status"], moving["reason"]) == ("True", "MoveInProgress")
     assert "acme-to-b: CatchingUp to cell b" in moving["message"]
+
+
+def test_a_refusal_by_the_cell_names_the_field_it_refused() -> None:
+    targets = [("api", "http://127.0.0.1:9"), ("deep", "http://127.0.0.1:9000/run")]
+    answer = "http://127.0.0.1:9000/run: 127.0.0.1 is a loopback address (target_refused)"
+    refused = refused_by_cell(cell="a1", answer=answer, targets=targets, webhooks=[])
+    assert (refused.reason, refused.refused) == ("TargetRefused", True)
+    assert refused.message.startswith(
+        "cell a1 refuses spec.targets[name=deep].url http://127.0.0.1:9000/run: ")
+    hook = refused_by_cell(cell="a1", answer="http://10.0.0.1/h: private (target_refused)",
+                           targets=targets, webhooks=["http://10.0.0.1/h"])
+    assert hook.reason == "WebhookRefused" and "spec.webhooks[url=http://10.0.0.1/h]" in hook.message
+    other = refused_by_cell(cell="a1", answer="burst too large", targets=targets, webhooks=[])
+    assert other.reason == "SpecRefused" and "burst too large" in other.message
+    status = plan_tenant_status(refused, generation=3, current_conditions=[], now=NOW)
+    ready = by_type(status)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "TargetRefused")
+    assert "spec.targets[name=deep].url" in str(ready["message"])
+
+
+def test_a_name_too_long_for_the_secret_label_is_said() -> None:
+    assert name_problem("a" * 63) is None
+    assert name_problem("acme.prod") is None, "dotted names stored before still work"
+    problem = name_problem("a" * 64)
+    assert problem is not None and "64 characters" in problem and "at most 63" in problem

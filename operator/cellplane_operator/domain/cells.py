@@ -26,7 +26,8 @@ from cellplane_operator.domain.conditions import Condition, ConditionStatus, set
 from cellplane_operator.domain.fencing import ManualFence, fence_condition
 
 __all__ = ["CellName", "Region", "Tier", "StandbyReport", "CellObservation", "plan_cell_status",
-           "plan_refused_failover", "SERVING_PHASES"]
+           "plan_refused_failover", "SERVING_PHASES", "CellFacts", "CellVerdict", "judge_cell",
+           "plan_cell_acceptance"]
 
 CellName = NewType("CellName", str)
 Region = NewType("Region", str)
@@ -183,3 +184,99 @@ def plan_refused_failover(*, generation: int, reason: str, message: str,
                       observed_generation=generation)
     return {"phase": "FailingOver", "conditions": set_condition(current_conditions, ready, now=now),
             "endpoints": None}
+
+
+# -- acceptance: what the placement leader says of every Cell ---------------------------
+
+
+@dataclass(frozen=True)
+class CellFacts:
+    """A Cell as the placement leader sees it: its spec (or why it cannot be read) and
+    what the placement records put in it."""
+
+    name: str
+    spec_problem: str | None
+    """Why the spec cannot be read (an object stored under an older CRD); None if it can."""
+    name_ok: bool
+    """The name is a DNS label, as spec.cell and a TenantMove's targetCell must be."""
+    region: str = ""
+    standby_regions: tuple[str, ...] = ()
+    known_regions: tuple[str, ...] = ()
+    """Every region of the deployment; empty when the operator was not told (no judgement)."""
+    tier: Tier = Tier.SHARED
+    tenant_capacity: int = 0
+    worker_slots: int = 0
+    tenants_placed: int = 0
+    slots_in_use: int = 0
+
+
+@dataclass(frozen=True)
+class CellVerdict:
+    accepted: bool
+    reason: str
+    message: str
+    unusable: bool = False
+    """No site of the cell runs, so nobody else writes its status (phase Pending then)."""
+
+
+def judge_cell(facts: CellFacts) -> CellVerdict:
+    """Whether the spec can be carried out as written, and if not, which field and why.
+
+    These are the cases the apiserver cannot refuse (they depend on the deployment or
+    on what is placed) or could not when the object was stored: a Cell in a region no
+    operator runs gets no site and, without this, no status at all; a capacity shrunk
+    below what is placed was accepted without a word. Placement already keeps such a
+    cell from taking more tenants; this says so on the object.
+    """
+    if facts.spec_problem is not None:
+        return CellVerdict(False, "InvalidSpec", f"the spec cannot be read: {facts.spec_problem}",
+                           unusable=True)
+    if not facts.name_ok:
+        return CellVerdict(False, "InvalidName",
+                           f"metadata.name {facts.name!r} is not a DNS label (at most 63 "
+                           "lowercase letters, digits and '-'): no Tenant's spec.cell or "
+                           "TenantMove's targetCell can name it, and placement skips it")
+    if facts.known_regions:
+        if facts.region not in facts.known_regions:
+            return CellVerdict(False, "UnknownRegion",
+                               f"spec.region {facts.region!r} is not a region of this "
+                               f"deployment ({', '.join(facts.known_regions)}): no operator "
+                               "runs the cell's primary site", unusable=True)
+        unknown = [r for r in facts.standby_regions if r not in facts.known_regions]
+        if unknown:
+            return CellVerdict(False, "UnknownStandbyRegion",
+                               f"spec.standbyRegions names {', '.join(unknown)}, not a region "
+                               f"of this deployment ({', '.join(facts.known_regions)}): no "
+                               "standby site runs there")
+    over: list[str] = []
+    if facts.tier is Tier.DEDICATED and facts.tenants_placed > 1:
+        over.append(f"spec.tier is dedicated (one tenant) but {facts.tenants_placed} tenants "
+                    "are placed")
+    elif facts.tenants_placed > facts.tenant_capacity:
+        over.append(f"spec.capacity.tenants is {facts.tenant_capacity} but "
+                    f"{facts.tenants_placed} tenants are placed")
+    if facts.slots_in_use > facts.worker_slots:
+        over.append(f"spec.capacity.workerSlots is {facts.worker_slots} but the placed "
+                    f"tenants may run {facts.slots_in_use} jobs at once")
+    if over:
+        return CellVerdict(False, "CapacityBelowUse",
+                           "; ".join(over) + ": no tenant is placed here until the use fits; "
+                           "move tenants out (TenantMove) or raise the capacity")
+    return CellVerdict(True, "Accepted", "the spec can be carried out as written")
+
+
+def plan_cell_acceptance(verdict: CellVerdict, *, generation: int,
+                         current: Mapping[str, Any], now: datetime.datetime
+                         ) -> dict[str, Any] | None:
+    """The status patch that records ``verdict`` (its ``Accepted`` condition, and phase
+    Pending for a cell no site reports on); None if the status says so already."""
+    accepted = Condition("Accepted", ConditionStatus.TRUE if verdict.accepted
+                         else ConditionStatus.FALSE, verdict.reason, verdict.message,
+                         observed_generation=generation)
+    conditions = set_condition(current.get("conditions") or [], accepted, now=now)
+    patch: dict[str, Any] = {}
+    if conditions != list(current.get("conditions") or []):
+        patch["conditions"] = conditions
+    if verdict.unusable and current.get("phase") in (None, ""):
+        patch["phase"] = "Pending"
+    return patch or None

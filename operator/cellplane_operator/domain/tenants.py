@@ -18,7 +18,14 @@ from cellplane_cells.domain.plans import Quotas
 
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
 
-__all__ = ["TenantProgress", "plan_tenant_status"]
+_LABEL_VALUE_MAX = 63
+
+REFUSED_BY_CELL = frozenset({400, 413, 422})
+"""Answers of a cell's admin API that refuse what was asked (the spec), not the moment:
+asking again changes nothing until the spec (or the cell's policy) does."""
+
+__all__ = ["TenantProgress", "plan_tenant_status", "REFUSED_BY_CELL", "refused_by_cell",
+           "name_problem"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,8 @@ class TenantProgress:
     cell_degraded: bool = False
     moving: str | None = None
     """What a TenantMove under way says ("acme-to-b: CatchingUp to cell b"); None if none."""
+    refused: bool = False
+    """The spec as written cannot be carried out: a person must change it (a Warning)."""
 
 
 def plan_tenant_status(progress: TenantProgress, *, generation: int,
@@ -75,3 +84,40 @@ def plan_tenant_status(progress: TenantProgress, *, generation: int,
                             **({"dailySpendLimit": quotas.daily_spend_limit}
                                if quotas.daily_spend_limit is not None else {})}
     return status
+
+
+def name_problem(name: str) -> str | None:
+    """Why a Tenant of this name cannot be served, or None.
+
+    The CRD refuses such names now (and dotted ones, which no TenantMove can name);
+    an object stored before it did is told so instead of failing for ever. A dotted
+    name of 63 or fewer still works here (a label value may hold dots), so a tenant
+    served before is not stopped for it.
+    """
+    if len(name) > _LABEL_VALUE_MAX:
+        return (f"metadata.name is {len(name)} characters: the cellplane.io/tenant label on "
+                f"the tenant's Secret holds at most {_LABEL_VALUE_MAX}; delete the Tenant and "
+                "create it under a shorter name")
+    return None
+
+
+def refused_by_cell(*, cell: str, answer: str, targets: Sequence[tuple[str, str]],
+                    webhooks: Sequence[str]) -> TenantProgress:
+    """The tenant's status when its cell refused what the spec asks, naming the field.
+
+    ``answer`` is the cell's refusal (its message names the URL it refused); the
+    targets are (name, url) pairs and the webhooks their URLs, as in the spec.
+    """
+    # Longest first: of http://a and http://a:8080/x, the answer names the latter.
+    for name, url in sorted(targets, key=lambda target: -len(target[1])):
+        if url in answer:
+            return TenantProgress("Provisioning", "TargetRefused",
+                                  f"cell {cell} refuses spec.targets[name={name}].url {url}: "
+                                  f"{answer}", refused=True)
+    for url in sorted(webhooks, key=len, reverse=True):
+        if url in answer:
+            return TenantProgress("Provisioning", "WebhookRefused",
+                                  f"cell {cell} refuses spec.webhooks[url={url}]: {answer}",
+                                  refused=True)
+    return TenantProgress("Provisioning", "SpecRefused",
+                          f"cell {cell} refuses the tenant's spec: {answer}", refused=True)

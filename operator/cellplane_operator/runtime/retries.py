@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["RetrySchedule"]
+__all__ = ["RetrySchedule", "FailureLog"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -39,6 +39,11 @@ class RetrySchedule(Generic[K]):
         self._pending.add(key)
         self._call_later(delay, lambda: self._due(key))
 
+    def waiting(self, key: K) -> bool:
+        """A retry of ``key`` is pending: a periodic resync leaves it to that retry, or
+        a key that keeps failing would be tried every resync whatever its backoff."""
+        return key in self._pending
+
     def reset(self, key: K) -> None:
         """``key`` got through (or changed): its next retry waits the first delay again."""
         self._delays.pop(key, None)
@@ -46,3 +51,27 @@ class RetrySchedule(Generic[K]):
     def _due(self, key: K) -> None:
         self._pending.discard(key)
         self._wake(key)
+
+
+class FailureLog(Generic[K]):
+    """Says each distinct failure of a key once.
+
+    A key that fails the same way on every retry logged a warning each time (one
+    operator logged 1,242 in minutes for a handful of tenants): the first of a kind
+    is news, the repeats are not. A different failure, or the same one after the key
+    got through, is said again.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[K, str] = {}
+
+    def is_new(self, key: K, failure: str) -> bool:
+        """Records ``failure`` of ``key``; True if it differs from the one before."""
+        if self._last.get(key) == failure:
+            return False
+        self._last[key] = failure
+        return True
+
+    def cleared(self, key: K) -> None:
+        """``key`` got through: its next failure is news again."""
+        self._last.pop(key, None)

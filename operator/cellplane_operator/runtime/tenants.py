@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
+import re
 import secrets
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -21,7 +23,10 @@ from pydantic import ValidationError
 
 from cellplane_cells.domain.plans import Quotas
 
-from cellplane_operator.domain.cells import SERVING_PHASES, CellName, Region, Tier
+from cellplane_operator.api.base import DNS_LABEL_PATTERN
+from cellplane_operator.domain.cells import (
+    SERVING_PHASES, CellFacts, CellName, Region, Tier, judge_cell, plan_cell_acceptance,
+)
 from cellplane_operator.domain.fencing import requested_fence
 from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads,
@@ -29,14 +34,16 @@ from cellplane_operator.domain.placement import (
 )
 from cellplane_operator.domain.moves import MOVING_PHASES
 from cellplane_operator.domain.routing import KEY_PREFIX
-from cellplane_operator.domain.tenants import TenantProgress, plan_tenant_status
-from cellplane_operator.errors import CellplaneError, KubeConflictError
+from cellplane_operator.domain.tenants import (
+    REFUSED_BY_CELL, TenantProgress, name_problem, plan_tenant_status, refused_by_cell,
+)
+from cellplane_operator.errors import CellApiError, CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
 from cellplane_operator.kube import CELLS, SECRETS, TENANTS
 from cellplane_operator.placement.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, Stored, TenantKey
 from cellplane_operator.runtime.context import FINALIZER, RegionContext
-from cellplane_operator.runtime.retries import RetrySchedule
+from cellplane_operator.runtime.retries import FailureLog, RetrySchedule
 from cellplane_operator.runtime.specs import CellSettings, TenantSettings
 
 __all__ = ["TenantController", "CellKey", "dedicated_to"]
@@ -66,6 +73,7 @@ class TenantController:
         self._retries: RetrySchedule[Key] = RetrySchedule(
             self.enqueue, first_seconds=1.0, ceiling_seconds=_MAX_BACKOFF_SECONDS,
             call_later=lambda delay, wake: asyncio.get_running_loop().call_later(delay, wake))
+        self._failures: FailureLog[Key] = FailureLog()
         self._placing = asyncio.Lock()
         self._provisioned: dict[TenantKey, tuple[int, str, int]] = {}
         self._announced: dict[Key, str] = {}
@@ -140,9 +148,11 @@ class TenantController:
         while True:
             await asyncio.sleep(self._ctx.settings.resync_seconds)
             for key in list(self._ctx.cache.tenants):
-                self.enqueue(key)
+                if not self._retries.waiting(key):
+                    self.enqueue(key)
             for name in list(self._ctx.cache.cells):
-                self.enqueue(CellKey(name))
+                if not self._retries.waiting(CellKey(name)):
+                    self.enqueue(CellKey(name))
 
     async def _work(self) -> None:
         while True:
@@ -157,13 +167,20 @@ class TenantController:
                     await self._reconcile_cell(key)
                 else:
                     await self._reconcile(key)
+                self._failures.cleared(key)
             except NotLeaderError:
                 pass
             except CellplaneError as error:
-                log.warning("%s: %s", key, error)
+                # Each distinct failure once; its repeats at every backed-off retry are
+                # not news (the retry's delay doubles up to its ceiling).
+                if self._failures.is_new(key, str(error)):
+                    log.warning("%s: %s (retrying with backoff; said once)", key, error)
+                else:
+                    log.debug("%s: %s", key, error)
                 self._retries.later(key)
-            except Exception:
-                log.exception("reconcile of %s failed", key)
+            except Exception as error:
+                if self._failures.is_new(key, f"{type(error).__name__}: {error}"):
+                    log.exception("reconcile of %s failed", key)
                 self._retries.later(key)
             finally:
                 self._active.discard(key)
@@ -185,6 +202,10 @@ class TenantController:
             quotas = tenant.quotas()
         except (ValueError, ValidationError) as error:
             await self._report(key, body, TenantProgress("Unplaceable", "InvalidSpec", str(error)))
+            return
+        if (problem := name_problem(tenant.name)) is not None:
+            # Stored before the CRD refused such names: its Secret could never be made.
+            await self._report(key, body, TenantProgress("Unplaceable", "InvalidName", problem))
             return
         await self._ctx.ensure_finalizer(TENANTS, body, FINALIZER)
         stored = self._records.get(key)
@@ -229,7 +250,22 @@ class TenantController:
         if self._provisioned.get(key) != applied:
             secret_name, api_key, webhook_secret = await self._ensure_secret(body, tenant, record)
             failpoint("tenant-after-secret", str(key))
-            await self._provision(tenant, record, endpoints["admin"], api_key, webhook_secret)
+            try:
+                await self._provision(tenant, record, endpoints["admin"], api_key, webhook_secret)
+            except CellApiError as error:
+                if error.status not in REFUSED_BY_CELL:
+                    raise
+                # The spec asks what the cell will not do: say which field, and wait for
+                # a change of the spec or the cell (both wake the tenant) at the backoff's
+                # pace rather than asking again every resync.
+                await self._report(key, body, replace(
+                    refused_by_cell(cell=record.cell, answer=_cell_answer(error),
+                                    targets=tenant.targets,
+                                    webhooks=[url for url, _ in tenant.webhooks]),
+                    cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id,
+                    quotas=quotas))
+                self._retries.later(key)
+                return
             failpoint("tenant-after-provision", str(key))
             if record.max_running != quotas.max_running:
                 await self._update_record(key, stored, quotas.max_running)
@@ -351,7 +387,9 @@ class TenantController:
         candidates: list[CellCandidate] = []
         for name, body in self._ctx.cache.cells.items():
             cell = self._cell_settings(name, body)
-            if cell is None:
+            if cell is None or not _is_dns_label(name):
+                # A dotted name (allowed before the CRD refused it) can never be named in
+                # spec.cell or a TenantMove: a tenant placed there could not be moved out.
                 continue
             status = body.get("status") or {}
             phase = "Deleting" if body["metadata"].get("deletionTimestamp") else \
@@ -457,10 +495,10 @@ class TenantController:
         body: dict[str, Any] = {"plan": tenant.plan.value, "api_key": api_key,
                                 **tenant.overrides}
         await cells.put_tenant(admin, token, record.tenant_id, body)
-        for target_name, url in tenant.targets:
-            await cells.put_target(admin, token, record.tenant_id, target_name, url)
-        for url, concurrency in tenant.webhooks:
-            await cells.put_webhook(admin, token, record.tenant_id, url, webhook_secret, concurrency)
+        # The whole set, every time: a target or webhook taken out of the spec is taken
+        # out of the cell too, or its URL would go on receiving signed calls.
+        await cells.put_endpoints(admin, token, record.tenant_id, tenant.targets, tenant.webhooks,
+                                  webhook_secret)
 
     async def _update_record(self, key: TenantKey, stored: Stored, max_running: int) -> None:
         record = stored.record
@@ -552,6 +590,7 @@ class TenantController:
         if not body["metadata"].get("deletionTimestamp"):
             await self._ctx.ensure_finalizer(CELLS, body, FINALIZER)
             await self._publish_load(key.name)
+            await self._judge_cell(key, body)
             return
         holding = sorted(str(k) for k, s in self._records.items() if s.record.cell == key.name)
         if holding:
@@ -564,6 +603,34 @@ class TenantController:
             return
         await self._ctx.drop_finalizer(CELLS, body, FINALIZER)
         self._announced.pop(key, None)
+
+    async def _judge_cell(self, key: CellKey, body: dict[str, Any]) -> None:
+        """The Cell's Accepted condition: what no site of it would say (an unknown region
+        runs none) and what the apiserver could not refuse (capacity below what is
+        placed, a spec or a name stored under an older CRD). A Warning once per reason."""
+        cell: CellSettings | None = None
+        problem: str | None = None
+        try:
+            cell = CellSettings.from_body(body)
+        except (ValueError, ValidationError) as error:
+            problem = str(error)
+        tenants, slots = cell_loads([(s.record.cell, s.record.max_running)
+                                     for s in self._records.values()]).get(key.name, (0, 0))
+        facts = CellFacts(name=key.name, spec_problem=problem, name_ok=_is_dns_label(key.name),
+                          tenants_placed=tenants, slots_in_use=slots)
+        if cell is not None:
+            facts = replace(facts, region=cell.region, standby_regions=cell.standby_regions,
+                            known_regions=tuple(self._ctx.settings.regions), tier=cell.tier,
+                            tenant_capacity=cell.tenant_capacity, worker_slots=cell.worker_slots)
+        verdict = judge_cell(facts)
+        patch = plan_cell_acceptance(verdict, generation=int(body["metadata"].get("generation", 0)),
+                                     current=body.get("status") or {}, now=self._ctx.clock.now())
+        if patch is not None:
+            await self._ctx.kube.patch(CELLS, key.name, {"status": patch}, subresource="status")
+        if self._announced.get(key) != verdict.reason:
+            self._announced[key] = verdict.reason
+            if not verdict.accepted:
+                await self._ctx.event(body, "Warning", verdict.reason, verdict.message)
 
     def _load_changed(self, cell: str) -> None:
         self._loads_dirty.add(cell)
@@ -613,7 +680,7 @@ class TenantController:
                                    namespace=meta["namespace"], subresource="status")
         if progress.phase not in ("Ready", "Degraded") and self._announced.get(key) != progress.reason:
             self._announced[key] = progress.reason
-            warning = progress.phase in ("Unplaceable",)
+            warning = progress.phase in ("Unplaceable",) or progress.refused
             await self._ctx.event(body, "Warning" if warning else "Normal", progress.reason,
                                   progress.message)
         elif progress.phase in ("Ready", "Degraded"):
@@ -625,6 +692,22 @@ def dedicated_to(cell: dict[str, Any]) -> tuple[str, str] | None:
     labels = cell["metadata"].get("labels") or {}
     name, namespace = labels.get("cellplane.io/tenant"), labels.get("cellplane.io/tenant-namespace")
     return (str(namespace), str(name)) if name and namespace else None
+
+
+def _is_dns_label(name: str) -> bool:
+    return len(name) <= 63 and re.fullmatch(DNS_LABEL_PATTERN, name) is not None
+
+
+def _cell_answer(error: CellApiError) -> str:
+    """The message of a cell's JSON refusal (``{"error": {"code", "message"}}``), else the
+    whole error."""
+    text = str(error)
+    try:
+        found = json.loads(text[text.index("{"):])
+        refusal = found["error"]
+        return f"{refusal['message']} ({refusal['code']})"
+    except (ValueError, KeyError, TypeError):
+        return text
 
 
 def _secret_name(tenant: TenantSettings) -> str:
