@@ -194,8 +194,11 @@ def gives_up(phase: MovePhase, *, failing_seconds: float, deadline_seconds: floa
 MAX_CUTOVER_ATTEMPTS = 5
 """Cutovers that ran out of their budget (and gave the writes back) before the move fails."""
 
-_RESERVE_FLOOR = 0.1
+_RESERVE_FLOOR = 0.25
 """The least share of the budget kept for ending the pause, however lucky the timings."""
+_RESERVE_MARGIN = 1.5
+"""Ending the pause is timed on calls made a moment before: a machine's load can grow
+meanwhile, so the reserve is half as long again as the timing."""
 
 
 def cutover_reserve(*, record_write_seconds: float, cell_call_seconds: float,
@@ -206,9 +209,11 @@ def cutover_reserve(*, record_write_seconds: float, cell_call_seconds: float,
     moving mark cleared (a record write) after the commit's own record write; short of
     it, with the source unfrozen (a cell call) and the mark cleared. Both are timed on
     the cutover itself (the mark's write, the freeze's call), so a slow machine reserves
-    more; a floor covers timings that came out lucky.
+    more; a margin covers load that grows meanwhile, and a floor timings that came out
+    lucky. What the commit's end then takes is the one part of the pause no deadline
+    cuts short (a committed move only goes forward): it is measured and reported.
     """
-    return max(2 * record_write_seconds + cell_call_seconds,
+    return max(_RESERVE_MARGIN * (2 * record_write_seconds + cell_call_seconds),
                _RESERVE_FLOOR * max_pause_seconds)
 
 
