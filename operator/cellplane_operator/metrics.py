@@ -227,7 +227,9 @@ ROUTER_REQUESTS = Counter(
     "cellplane_router_requests_total",
     "Requests answered by the router, by status code class and outcome: forwarded (the "
     "cell's answer, whatever its code), unauthenticated (no tenant key), unknown_tenant, "
-    "hold_timeout (503: no owner or a cutover outlasted the hold), cell_unreachable (503).",
+    "hold_timeout (503: no owner or a cutover outlasted the hold), cell_unreachable (503), "
+    "refused (400 a control character, 404 not a tenant API route, 405), body_too_large "
+    "(413), internal (500).",
     ["code_class", "outcome"], registry=ROUTER_REGISTRY)
 ROUTER_TENANT_REFUSALS = Counter(
     "cellplane_router_tenant_refusals_total",

@@ -14,6 +14,14 @@ frozen tenant before the router has seen the record's ``moving`` flag: the
 wait covers that gap. A cell fenced on purpose (``cell_fenced``) keeps its
 owner, so no route change will come: its 503 is passed on at once.
 
+Before it reads a byte of the body the router refuses what the cell would
+never serve: a path or query with a control character (400), a path that is
+not one of the tenant API's routes once percent-decoded (404; a cell's own
+OpenAPI and docs are not forwarded), a declared body over the cell's limit
+(413), and a key that names no placed tenant (401, the very answer the cell
+gives for a wrong secret, so neither tells which tenant ids exist). The body
+is then read up to the limit and no further, chunked or not (413 past it).
+
 The router's Prometheus metrics (``cellplane_router_*``, docs/metrics.md) are
 served by ``cellplane router --metrics-port`` on a listener of their own, not
 here: this port faces tenants, and the per-tenant counters name tenants.
@@ -24,11 +32,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from cellplane_cells.domain.client_input import (
+    INVALID_KEY_MESSAGE, TENANT_BODY_LIMIT_BYTES, RouteMatch, bearer_token, has_control_character,
+    match_tenant_route,
+)
 from cellplane_operator.domain.routing import NoRoute, Route, tenant_of_key
 from cellplane_operator.metrics import (
     router_answered, router_hold_ended, router_hold_started, router_refused_for_tenant,
@@ -47,7 +62,12 @@ _NOT_SERVING_TENANT_CODES = {"tenant_moving", "tenant_moved"}
 _ASK_AGAIN_CODES = _NOT_OWNER_CODES | _NOT_SERVING_TENANT_CODES
 # Hop-by-hop headers, and the ones httpx has already acted on (it decoded the body).
 _HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding",
-                "content-encoding"}
+                "content-encoding", "te", "trailer", "upgrade", "proxy-connection",
+                "proxy-authorization", "proxy-authenticate"}
+# The server adds its own: a forwarded answer carries one of each, as the router's own do,
+# so a cell's 401 and the router's cannot be told apart by their headers.
+_UPSTREAM_ONLY_HEADERS = _HOP_HEADERS | {"server", "date"}
+_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +78,13 @@ class RouterSettings:
     retry_after_seconds: int = 2
     """What a 503 asks the client to wait."""
     upstream_timeout_seconds: float = 30.0
+    max_body_bytes: int = TENANT_BODY_LIMIT_BYTES
+    """The largest body forwarded: the cell's own limit. A larger one is refused
+    before it is read, and a chunked one as soon as it passes the limit."""
+
+
+class _TooLarge(Exception):
+    pass
 
 
 def _error(status: int, code: str, message: str, *, retry_after: int | None = None) -> Response:
@@ -69,6 +96,16 @@ def _error(status: int, code: str, message: str, *, retry_after: int | None = No
 def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
                       settings: RouterSettings = RouterSettings()) -> FastAPI:
     app = FastAPI(title="cellplane edge router", openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        return answered(_error(error.status_code, code, str(error.detail)), "refused")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return answered(_error(500, "internal", "internal error; it has been logged"), "internal")
 
     async def route_for(tenant_id: str, deadline: float) -> Route | NoRoute:
         held_since: float | None = None
@@ -107,30 +144,64 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
         router_answered(response.status_code, outcome)
         return response
 
-    @app.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    def refusal(request: Request) -> Response | None:
+        """The answer to a request the cell would never serve, decided before the body."""
+        # The scope's path is percent-decoded already; request.url would parse it again
+        # (a decoded %3F would start a query).
+        match = match_tenant_route(request.method, str(request.scope["path"]))
+        if match is RouteMatch.NO_ROUTE:
+            return answered(_error(404, "not_found", "Not Found"), "refused")
+        if match is RouteMatch.WRONG_METHOD:
+            return answered(_error(405, "method_not_allowed", "Method Not Allowed"), "refused")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > settings.max_body_bytes:
+            return answered(_too_large(settings.max_body_bytes), "body_too_large")
+        return None
+
+    async def read_body(request: Request) -> bytes:
+        """The body, read only up to the limit whatever the framing; ``_TooLarge`` past it."""
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > settings.max_body_bytes:
+                raise _TooLarge()
+        return bytes(body)
+
+    @app.api_route("/{path:path}", methods=_METHODS)
     async def forward(path: str, request: Request) -> Response:
-        authorization = request.headers.get("authorization", "")
-        tenant_id = tenant_of_key(authorization[7:].strip()) if authorization.startswith(
-            "Bearer ") else None
-        if tenant_id is None:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        key = bearer_token(request.headers.get("authorization"))
+        if key is None:
             return answered(_error(401, "unauthenticated",
-                                   "an API key is required: Authorization: Bearer <tenant key>"),
+                                   "an API key is required: Authorization: Bearer <key>"),
                             "unauthenticated")
-        body = await request.body()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        tenant_id = tenant_of_key(key)
+        if tenant_id is None or _unknown(watcher.map.resolve(tenant_id)):
+            # The cell's answer to a wrong secret, word for word.
+            return answered(_error(401, "unauthenticated", INVALID_KEY_MESSAGE), "unknown_tenant")
+        try:
+            body = await read_body(request)
+        except _TooLarge:
+            return answered(_too_large(settings.max_body_bytes), "body_too_large")
+        headers = [(k, v) for k, v in request.headers.raw
+                   if k.decode("latin-1").lower() not in _HOP_HEADERS]
+        upstream_path = quote(str(request.scope["path"]), safe="/:")
+        params = tuple(request.query_params.multi_items())
         deadline = time.monotonic() + settings.hold_seconds
         for attempt in (1, 2):
             found = await route_for(tenant_id, deadline)
             if isinstance(found, NoRoute):
                 if not found.transient:
-                    return answered(_error(401, "unauthenticated",
-                                           "no tenant of this key is placed in any cell"),
+                    # Removed from the map while the body was read or the request held.
+                    return answered(_error(401, "unauthenticated", INVALID_KEY_MESSAGE),
                                     "unknown_tenant")
                 return answered(_error(503, "cell_unavailable", found.message,
                                        retry_after=settings.retry_after_seconds), "hold_timeout")
             try:
                 upstream = await http.request(
-                    request.method, f"{found.api}/v1/{path}", params=request.query_params,
+                    request.method, f"{found.api}{upstream_path}", params=params,
                     content=body, headers=headers, timeout=settings.upstream_timeout_seconds)
             except httpx.TransportError:
                 # The site died between the map's last word and this request.
@@ -148,12 +219,40 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
             router_refused_for_tenant(tenant_id, upstream.status_code)
             return answered(Response(upstream.content, status_code=upstream.status_code,
                                      headers={k: v for k, v in upstream.headers.items()
-                                              if k.lower() not in _HOP_HEADERS},
+                                              if k.lower() not in _UPSTREAM_ONLY_HEADERS},
                                      media_type=upstream.headers.get("content-type")),
                             "forwarded")
         raise AssertionError("unreachable")
 
+    app.add_middleware(_ControlCharacterGuard)
     return app
+
+
+class _ControlCharacterGuard:
+    """400 for a path or query with a control character, before routing: the catch-all
+    route's pattern does not match a path with a newline (a 404 that hides why)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            query = unquote(bytes(scope.get("query_string", b"")).decode("latin-1"))
+            if has_control_character(str(scope["path"])) or has_control_character(query):
+                response = _error(400, "invalid_request",
+                                  "the path or query holds a control character")
+                router_answered(response.status_code, "refused")
+                await response(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+
+def _unknown(found: Route | NoRoute) -> bool:
+    return isinstance(found, NoRoute) and not found.transient
+
+
+def _too_large(limit: int) -> Response:
+    return _error(413, "body_too_large", f"request bodies are limited to {limit} bytes")
 
 
 def _code(response: httpx.Response) -> str | None:
