@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from cellplane_cells.db import translate_errors
 from cellplane_cells.errors import ConflictError, InvalidRequestError, NotFoundError
 from cellplane_cells.queries import query
-from cellplane_cells.tenants import PURGE_ORDER
+from cellplane_cells.tenants import PURGE_ORDER, refuse_urls, row_urls
 
 __all__ = [
     "SCOPE_TABLES", "CHANGE_KINDS", "TenantMoveState", "MoveInAction", "encode_cursor",
@@ -347,11 +347,18 @@ _APPLY = {"wallet": "movein_wallet", "rate_bucket": "movein_rate_bucket",
 
 
 def move_in(conn: psycopg.Connection[Any], tenant_id: str, *, move_id: str, epoch: int,
-            rows: Mapping[str, Sequence[Any]], deletes: Mapping[str, Sequence[str]]) -> dict[str, int]:
-    """Applies one batch of a move in one transaction; rows offered per table."""
+            rows: Mapping[str, Sequence[Any]], deletes: Mapping[str, Sequence[str]],
+            allow_private: bool) -> dict[str, int]:
+    """Applies one batch of a move in one transaction; rows offered per table.
+
+    Targets and webhooks pass this cell's URL policy, as if registered here:
+    the source cell may allow what this one refuses."""
     unknown = (set(rows) | set(deletes)) - CHANGE_KINDS
     if unknown:
         raise ConflictError(f"unknown tables in the batch: {sorted(unknown)}", code="invalid_bundle")
+    refuse_urls([*row_urls(rows.get("targets") or [], "targets", "name"),
+                 *row_urls(rows.get("webhooks") or [], "webhooks", "endpoint_id")],
+                allow_private=allow_private)
     tenant_rows = list(rows.get("tenant") or [])
     # Steps carry no tenant id: they are taken only for this tenant's jobs.
     if any(not isinstance(r, dict) or r.get("tenant_id", tenant_id) != tenant_id

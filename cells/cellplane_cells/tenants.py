@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import socket
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -25,7 +26,8 @@ from cellplane_cells.errors import InvalidRequestError, NotFoundError, TargetRef
 from cellplane_cells.queries import query
 
 __all__ = ["TenantSpec", "hash_api_key", "new_api_key", "upsert_tenant", "register_target",
-           "register_webhook", "credit_wallet", "tenant_summary", "resolve_host",
+           "register_webhook", "TargetSpec", "WebhookSpec", "url_refusals", "refuse_urls",
+           "row_urls", "set_endpoints", "credit_wallet", "tenant_summary", "resolve_host",
            "RemovalPolicy", "remove_tenant", "retire_tenant", "purge_tenant", "PURGE_ORDER"]
 
 
@@ -82,6 +84,75 @@ def _checked(url: str, allow_private: bool) -> str:
         return check_url(url, allow_private=allow_private, resolve=resolve_host)
     except UrlRefused as error:
         raise TargetRefusedError(f"{url}: {error}") from None
+
+
+def url_refusals(urls: Iterable[tuple[str, str]], *, allow_private: bool) -> list[dict[str, str]]:
+    """The (field, URL) pairs this cell's policy refuses, each with its field and reason.
+
+    The one check of every way a URL enters the cell (registration, import, a
+    move in) and of the operator's question before a move; the workers and the
+    relay check again at every call (egress.py)."""
+    refused = []
+    for field, url in urls:
+        try:
+            check_url(url, allow_private=allow_private, resolve=resolve_host)
+        except UrlRefused as error:
+            refused.append({"field": field, "url": url, "reason": str(error)})
+    return refused
+
+
+def refuse_urls(urls: Iterable[tuple[str, str]], *, allow_private: bool) -> None:
+    """Raises ``TargetRefusedError`` naming every refused field, if any is refused."""
+    refused = url_refusals(urls, allow_private=allow_private)
+    if refused:
+        raise TargetRefusedError("; ".join(f"{r['field']} ({r['url']}): {r['reason']}"
+                                           for r in refused))
+
+
+def row_urls(rows: Iterable[Any], table: str, key: str) -> list[tuple[str, str]]:
+    """(field, URL) of copied target or webhook rows, named by their key (``targets[api]``)."""
+    return [(f"{table}[{row.get(key)}].url", str(row.get("url")))
+            for row in rows if isinstance(row, dict)]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    url: str
+
+
+@dataclass(frozen=True)
+class WebhookSpec:
+    url: str
+    secret: str
+    max_concurrency: int = 4
+
+
+def set_endpoints(conn: psycopg.Connection[Any], tenant_id: str, targets: Sequence[TargetSpec],
+                  webhooks: Sequence[WebhookSpec], *, allow_private: bool) -> dict[str, int]:
+    """The tenant's targets and webhooks become exactly these, in one transaction.
+
+    Level, not edge: what the Tenant's spec no longer lists is removed (a removed
+    webhook's pending deliveries with it), so the cell never keeps calling a URL
+    its owner took out. Every URL is checked first and a refusal changes nothing.
+    Returns how many targets and webhooks were removed."""
+    refuse_urls([*((f"targets[{i}].url", t.url) for i, t in enumerate(targets)),
+                 *((f"webhooks[{i}].url", w.url) for i, w in enumerate(webhooks))],
+                allow_private=allow_private)
+    with translate_errors(), conn.transaction(), conn.cursor() as cursor:
+        params: dict[str, Any] = {"tenant_id": tenant_id}
+        for target in targets:
+            cursor.execute(query("upsert_target"), {**params, "name": target.name, "url": target.url})
+        for webhook in webhooks:
+            cursor.execute(query("upsert_webhook"), {
+                **params, "url": webhook.url, "secret": webhook.secret,
+                "max_concurrency": webhook.max_concurrency})
+        cursor.execute(query("delete_other_targets"),
+                       {**params, "names": [t.name for t in targets]})
+        removed_targets = cursor.rowcount
+        cursor.execute(query("delete_other_webhooks"),
+                       {**params, "urls": [w.url for w in webhooks]})
+        return {"targets_removed": removed_targets, "webhooks_removed": cursor.rowcount}
 
 
 def register_target(conn: psycopg.Connection[Any], tenant_id: str, name: str, url: str, *,

@@ -19,6 +19,7 @@ from psycopg import IsolationLevel
 from cellplane_cells.db import translate_errors
 from cellplane_cells.errors import ConflictError, NotFoundError
 from cellplane_cells.queries import query
+from cellplane_cells.tenants import refuse_urls, row_urls
 
 __all__ = ["export_tenant", "import_tenant"]
 
@@ -41,11 +42,18 @@ def export_tenant(conninfo: str, tenant_id: str) -> dict[str, Any]:
     return bundle
 
 
-def import_tenant(conn: psycopg.Connection[Any], bundle: dict[str, Any], *, epoch: int) -> dict[str, int]:
-    """Imports a bundle under the tenant epoch ``epoch``; returns rows offered per kind."""
+def import_tenant(conn: psycopg.Connection[Any], bundle: dict[str, Any], *, epoch: int,
+                  allow_private: bool) -> dict[str, int]:
+    """Imports a bundle under the tenant epoch ``epoch``; returns rows offered per kind.
+
+    The bundle's targets and webhooks pass this cell's URL policy first, as if
+    registered here: the cell that exported them may have allowed more."""
     tenant = bundle.get("tenant")
     if not isinstance(tenant, dict) or "tenant_id" not in tenant:
         raise ConflictError("the bundle has no tenant", code="invalid_bundle")
+    refuse_urls([*row_urls(bundle.get("targets") or [], "targets", "name"),
+                 *row_urls(bundle.get("webhooks") or [], "webhooks", "endpoint_id")],
+                allow_private=allow_private)
     counts: dict[str, int] = {}
     with translate_errors(), conn.transaction(), conn.cursor() as cursor:
         exists = cursor.execute("SELECT epoch FROM tenants WHERE tenant_id = %s",

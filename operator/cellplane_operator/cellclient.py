@@ -7,6 +7,7 @@ reconcile that is repeated after a crash repeats them safely.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -34,6 +35,26 @@ class CellAdminClient:
                           max_concurrency: int) -> None:
         await self._call("PUT", f"{admin}/admin/v1/tenants/{tenant_id}/webhooks", token,
                          {"url": url, "secret": secret, "max_concurrency": max_concurrency})
+
+    async def put_endpoints(self, admin: str, token: str, tenant_id: str,
+                            targets: Sequence[tuple[str, str]], webhooks: Sequence[tuple[str, int]],
+                            webhook_secret: str) -> dict[str, int]:
+        """The tenant's targets (name, URL) and webhooks (URL, concurrency) in the cell become
+        exactly these: whatever else it has there is removed. A URL the cell refuses is a
+        ``CellApiError`` with code ``target_refused`` naming the field (``targets[0].url``)."""
+        found = await self._json("PUT", f"{admin}/admin/v1/tenants/{tenant_id}/endpoints", token, {
+            "targets": [{"name": name, "url": url} for name, url in targets],
+            "webhooks": [{"url": url, "secret": webhook_secret, "max_concurrency": concurrency}
+                         for url, concurrency in webhooks]})
+        return {str(k): int(v) for k, v in found.items()}
+
+    async def refused_endpoints(self, admin: str, token: str, targets: Sequence[tuple[str, str]],
+                                webhooks: Sequence[str]) -> list[dict[str, str]]:
+        """Which of these URLs the cell's policy refuses ({field, url, reason}); changes nothing."""
+        found = await self._json("POST", f"{admin}/admin/v1/endpoints:check", token, {
+            "targets": [{"name": name, "url": url} for name, url in targets],
+            "webhooks": [{"url": url} for url in webhooks]})
+        return [{str(k): str(v) for k, v in item.items()} for item in found.get("refused") or []]
 
     async def delete_tenant(self, admin: str, token: str, tenant_id: str, *, purge: bool) -> None:
         await self._call("DELETE", f"{admin}/admin/v1/tenants/{tenant_id}", token, None,
@@ -129,6 +150,16 @@ class CellAdminClient:
         except httpx.HTTPError as error:
             raise CellApiError(f"{method} {url}: {error!r}") from None
         if response.status_code >= 300:
+            code, detail = _error_of(response)
             raise CellApiError(f"{method} {url}: {response.status_code} {response.text[:300]}",
-                               status=response.status_code)
+                               status=response.status_code, code=code, detail=detail)
         return response
+
+
+def _error_of(response: httpx.Response) -> tuple[str, str]:
+    """The cell's error code and message, from its one error shape; empty if not in it."""
+    try:
+        error = response.json().get("error")
+        return str(error.get("code") or ""), str(error.get("message") or "")
+    except (ValueError, AttributeError):
+        return "", ""

@@ -86,8 +86,13 @@ class KubeConflictError(KubeApiError):
 
 
 class CellApiError(CellplaneError):
-    """A cell's admin API refused a request or could not be reached (``status`` 0)."""
+    """A cell's admin API refused a request or could not be reached (``status`` 0).
 
-    def __init__(self, message: str, *, status: int = 0) -> None:
+    ``code`` is the cell's error code (``target_refused``...), ``detail`` its message;
+    both empty when the cell said nothing in its error shape."""
+
+    def __init__(self, message: str, *, status: int = 0, code: str = "", detail: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
+        self.detail = detail

@@ -10,8 +10,8 @@ redrawn line on a terminal, one line per change otherwise.
 
 A move that cannot start is refused before anything is written, in one line with
 exit 1: an unknown tenant, an unknown cell (for a shared tenant; a dedicated one
-moves into a cell the move makes), the tenant's own cell, or a cell of the wrong
-tier. What only the operators can judge (readiness, room) the TenantMove's status
+moves into a cell the move makes), the tenant's own cell, a cell of the wrong
+tier, or a cell whose URL policy refuses the tenant's targets or webhooks. What only the operators can judge (readiness, room) the TenantMove's status
 says, and ``--wait`` prints.
 
 Exit codes with ``--wait``: 0 the move completed (or, for ``--abort``, aborted),
@@ -23,17 +23,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from cellplane_cells.domain.targets import UrlRefused, check_url
 
 from cellplane_operator.errors import CellplaneError, KubeConflictError
 from cellplane_operator.kube import CELLS, TENANTMOVES, TENANTS, KubeClient, KubeConfig
 
 __all__ = ["add_move_command", "run_move", "render_progress", "ending_reason", "move_name",
-           "move_refusal"]
+           "move_refusal", "resolve_here", "HostUnresolved"]
 
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 2
 EXIT_USAGE = 2
@@ -185,7 +188,8 @@ async def _run(args: argparse.Namespace, out: IO[str], err: IO[str], follow: _Fo
 
 
 def move_refusal(tenant: Mapping[str, Any] | None, cell: Mapping[str, Any] | None, *,
-                 tenant_name: str, namespace: str, target: str) -> str | None:
+                 tenant_name: str, namespace: str, target: str,
+                 resolve: Callable[[str], Iterable[str]] | None = None) -> str | None:
     """Why a move of ``tenant`` to cell ``target`` cannot start, or None: the operators'
     own refusals (domain/moves.py admit_move) that the objects as read already show."""
     if tenant is None:
@@ -200,7 +204,43 @@ def move_refusal(tenant: Mapping[str, Any] | None, cell: Mapping[str, Any] | Non
     if tier != isolation:
         return (f"cell {target} is {tier}; tenant {namespace}/{tenant_name} needs a "
                 f"{isolation} cell")
-    return None
+    return _urls_refused(tenant, cell, target=target, resolve=resolve or resolve_here)
+
+
+class HostUnresolved(Exception):
+    """A name this machine cannot resolve: the operator asks the cell itself."""
+
+
+def resolve_here(host: str) -> list[str]:
+    try:
+        return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None)})
+    except OSError:
+        raise HostUnresolved(host) from None
+
+
+def _urls_refused(tenant: Mapping[str, Any], cell: Mapping[str, Any], *, target: str,
+                  resolve: Callable[[str], Iterable[str]]) -> str | None:
+    """The target cell's URL policy (the cell's own, domain/targets.py) over the tenant's
+    targets and webhooks, as far as this machine can judge: a name it cannot resolve is
+    left to the operator, which asks the cell before the move starts."""
+    spec = tenant.get("spec") or {}
+    allow_private = bool(((cell.get("spec") or {}).get("driver") or {}).get("allowPrivateTargets"))
+    urls = [*((f"spec.targets[{i}].url", str(t.get("url"))) for i, t in
+              enumerate(spec.get("targets") or [])),
+            *((f"spec.webhooks[{i}].url", str(w.get("url"))) for i, w in
+              enumerate(spec.get("webhooks") or []))]
+    refused = []
+    for field, url in urls:
+        try:
+            check_url(url, allow_private=allow_private, resolve=resolve)
+        except UrlRefused as error:
+            refused.append(f"{field} ({url}): {error}")
+        except HostUnresolved:
+            continue
+    if not refused:
+        return None
+    return (f"cell {target} refuses the tenant's " + "; ".join(refused)
+            + ("" if allow_private else " (the cell does not allow private targets)"))
 
 
 async def _create(kube: KubeClient, args: argparse.Namespace, namespace: str, out: IO[str],

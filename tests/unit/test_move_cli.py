@@ -13,6 +13,7 @@ from cellplane_operator.move_cli import (
     add_move_command,
     ending_reason,
     move_name,
+    HostUnresolved,
     move_refusal,
     render_progress,
     run_move,
@@ -134,3 +135,40 @@ def _cell(tier: str) -> dict[str, Any]:
 def test_a_move_that_cannot_start_is_refused_before_anything_is_written(
         tenant: dict[str, Any] | None, cell: dict[str, Any] | None, said: str | None) -> None:
     assert move_refusal(tenant, cell, tenant_name="acme", namespace="team-a", target="b1") == said
+
+
+def _with_urls(*urls: str, webhook: str | None = None) -> dict[str, Any]:
+    tenant = _tenant(cell="a1")
+    tenant["spec"]["targets"] = [{"name": f"t{i}", "url": url} for i, url in enumerate(urls)]
+    if webhook:
+        tenant["spec"]["webhooks"] = [{"url": webhook}]
+    return tenant
+
+
+def test_a_cell_whose_url_policy_refuses_the_tenants_urls_is_refused_before_the_move() -> None:
+    def dns(host: str) -> list[str]:
+        return {"hooks.example": ["93.184.216.34"], "inside.example": ["10.0.0.8"]}[host]
+
+    strict, lax = _cell("shared"), {"spec": {"tier": "shared",
+                                             "driver": {"allowPrivateTargets": True}}}
+    tenant = _with_urls("https://hooks.example/run", "http://127.0.0.1:9/run",
+                        webhook="http://[2002:7f00:1::]/hook")
+    said = move_refusal(tenant, strict, tenant_name="acme", namespace="team-a", target="b1",
+                        resolve=dns)
+    assert said is not None and said.startswith("cell b1 refuses the tenant's spec.targets[1].url "
+                                                "(http://127.0.0.1:9/run)")
+    assert "spec.webhooks[0].url (http://[2002:7f00:1::]/hook)" in said
+    assert "spec.targets[0]" not in said
+    assert move_refusal(tenant, lax, tenant_name="acme", namespace="team-a", target="b1",
+                        resolve=dns) is None
+    # A name resolved here to a private address is refused; one this machine cannot
+    # resolve is left to the operator, which asks the cell itself.
+    inside = _with_urls("https://inside.example/")
+    assert "10.0.0.8" in (move_refusal(inside, strict, tenant_name="acme", namespace="team-a",
+                                       target="b1", resolve=dns) or "")
+    def unresolved(host: str) -> list[str]:
+        raise HostUnresolved(host)
+
+    unknown = _with_urls("https://nowhere.invalid/")
+    assert move_refusal(unknown, strict, tenant_name="acme", namespace="team-a",
+                        target="b1", resolve=unresolved) is None

@@ -22,13 +22,15 @@ from cellplane_cells import jobqueue, moves
 from cellplane_cells.api.errors import BodySizeLimit, install_error_handlers
 from cellplane_cells.domain.plans import Plan
 from cellplane_cells.metrics import register_queue_collector
-from cellplane_cells.errors import ConflictError, NotFoundError, UnauthenticatedError
+from cellplane_cells.errors import (
+    ConflictError, InvalidRequestError, NotFoundError, UnauthenticatedError,
+)
 from cellplane_cells.queries import query
 from cellplane_cells.redrive import redrive
 from cellplane_cells.transfer import export_tenant, import_tenant
 from cellplane_cells.tenants import (
-    RemovalPolicy, TenantSpec, credit_wallet, register_target, register_webhook, remove_tenant,
-    tenant_summary, upsert_tenant,
+    RemovalPolicy, TargetSpec, TenantSpec, WebhookSpec, credit_wallet, register_target,
+    register_webhook, remove_tenant, set_endpoints, tenant_summary, upsert_tenant, url_refusals,
 )
 
 __all__ = ["create_admin_app"]
@@ -58,6 +60,27 @@ class WebhookIn(BaseModel):
     url: str = Field(min_length=1, max_length=2048)
     secret: str = Field(min_length=16, max_length=200)
     max_concurrency: int = Field(default=4, ge=1, le=100)
+
+
+class EndpointsIn(BaseModel):
+    """A tenant's whole set of targets and webhooks; what is not listed is removed."""
+
+    model_config = ConfigDict(extra="forbid")
+    targets: list[TargetIn] = Field(default_factory=list, max_length=64)
+    webhooks: list[WebhookIn] = Field(default_factory=list, max_length=64)
+
+
+class WebhookUrl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(min_length=1, max_length=2048)
+
+
+class EndpointsCheck(BaseModel):
+    """URLs to judge by this cell's policy, named as in a tenant's spec."""
+
+    model_config = ConfigDict(extra="forbid")
+    targets: list[TargetIn] = Field(default_factory=list, max_length=64)
+    webhooks: list[WebhookUrl] = Field(default_factory=list, max_length=64)
 
 
 class Redrive(BaseModel):
@@ -179,6 +202,32 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
                                         allow_private=allow_private_targets)
         return {"endpoint_id": endpoint}
 
+    @app.put("/admin/v1/tenants/{tenant_id}/endpoints", dependencies=guarded)
+    def put_endpoints(tenant_id: TenantId, body: EndpointsIn) -> dict[str, int]:
+        """The tenant's targets and webhooks become exactly the body's: the operator sends
+        its spec's whole set each time, so a target or webhook taken out of the spec
+        stops here too. A URL the policy refuses is a 422 naming its field
+        (``targets[0].url``), and nothing changes."""
+        for listed, key in ((body.targets, "name"), (body.webhooks, "url")):
+            keys = [getattr(item, key) for item in listed]
+            if len(set(keys)) != len(keys):
+                raise InvalidRequestError(f"two entries share a {key}", code="duplicate_endpoint")
+        with pool.connection() as conn:
+            tenant_summary(conn, tenant_id)
+            return set_endpoints(
+                conn, tenant_id, [TargetSpec(t.name, t.url) for t in body.targets],
+                [WebhookSpec(w.url, w.secret, w.max_concurrency) for w in body.webhooks],
+                allow_private=allow_private_targets)
+
+    @app.post("/admin/v1/endpoints:check", dependencies=guarded)
+    def check_endpoints(body: EndpointsCheck) -> dict[str, Any]:
+        """Which of these URLs this cell refuses, and why; changes nothing. The
+        operator asks it before moving a tenant here."""
+        return {"refused": url_refusals(
+            [*((f"targets[{i}].url", t.url) for i, t in enumerate(body.targets)),
+             *((f"webhooks[{i}].url", w.url) for i, w in enumerate(body.webhooks))],
+            allow_private=allow_private_targets)}
+
     @app.post("/admin/v1/tenants/{tenant_id}/wallet:credit", dependencies=guarded)
     def credit(tenant_id: TenantId, body: Credit) -> dict[str, int]:
         with pool.connection() as conn:
@@ -207,7 +256,8 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
         if (body.bundle.get("tenant") or {}).get("tenant_id") != tenant_id:
             raise ConflictError("the bundle is for another tenant", code="invalid_bundle")
         with pool.connection() as conn:
-            return {"imported": import_tenant(conn, body.bundle, epoch=body.epoch)}
+            return {"imported": import_tenant(conn, body.bundle, epoch=body.epoch,
+                                              allow_private=allow_private_targets)}
 
     # --- online tenant moves (moves.py); the operator drives them -----------------------
 
@@ -258,7 +308,8 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
     def move_in(tenant_id: TenantId, body: MoveIn) -> dict[str, Any]:
         with pool.connection() as conn:
             applied = moves.move_in(conn, tenant_id, move_id=body.move_id, epoch=body.epoch,
-                                    rows=body.rows, deletes=body.deletes)
+                                    rows=body.rows, deletes=body.deletes,
+                                    allow_private=allow_private_targets)
         return {"applied": applied}
 
     @app.post("/admin/v1/tenants/{tenant_id}/move-in:activate", dependencies=guarded)

@@ -42,6 +42,15 @@ ON CONFLICT (tenant_id, url) DO UPDATE
    SET secret = EXCLUDED.secret, max_concurrency = EXCLUDED.max_concurrency
 RETURNING endpoint_id;
 
+-- name: delete_other_targets
+-- The targets the tenant's spec no longer lists (set_endpoints).
+DELETE FROM targets WHERE tenant_id = %(tenant_id)s AND NOT (name = ANY(%(names)s::text[]));
+
+-- name: delete_other_webhooks
+-- The webhooks the spec no longer lists; their deliveries go with them (ON DELETE CASCADE).
+DELETE FROM webhook_endpoints
+ WHERE tenant_id = %(tenant_id)s AND NOT (url = ANY(%(urls)s::text[]));
+
 -- name: set_tenant_state
 UPDATE tenants SET state = %(state)s, updated_at = now() WHERE tenant_id = %(tenant_id)s
 RETURNING tenant_id;

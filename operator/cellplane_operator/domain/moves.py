@@ -9,7 +9,7 @@ whatever the old cell still sends. Everything here is pure; the controller
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -17,6 +17,7 @@ from cellplane_operator.domain.cells import Tier
 from cellplane_operator.domain.placement import CellCandidate
 
 __all__ = ["MovePhase", "RefusalReason", "MoveRequest", "Admitted", "Refused", "admit_move",
+           "refused_urls",
            "next_phase", "may_abort", "ready_to_cut_over", "fixed_pause_over_budget",
            "TERMINAL_PHASES", "waiting_refusal_phase", "gives_up", "CutoverClock",
            "cutover_reserve", "after_overrun", "Overrun", "MAX_CUTOVER_ATTEMPTS",
@@ -57,6 +58,8 @@ class RefusalReason(StrEnum):
     ALREADY_MOVING = "AlreadyMoving"
     TENANT_DELETING = "TenantDeleting"
     NOT_PLACED = "TenantNotPlaced"
+    URL_REFUSED = "TargetRefusesUrls"
+    """The target cell's URL policy refuses a target or webhook of the tenant."""
 
     @property
     def waits(self) -> bool:
@@ -124,6 +127,20 @@ def admit_move(request: MoveRequest) -> Admitted | Refused:
                        f"{target.tenants_placed}/{target.tenant_capacity} tenants, "
                        f"{target.free_slots} free worker slots for {request.max_running}")
     return Admitted(target.name)
+
+
+def refused_urls(target: str, refusals: Sequence[Mapping[str, str]]) -> Refused | None:
+    """The move's refusal when the target cell refuses some of the tenant's URLs (each
+    ``{field, url, reason}`` as the cell said, fields as in the Tenant's spec), or None.
+
+    Asked before anything is copied: the cell would refuse those rows mid-copy, and a
+    cell with a stricter policy than the source must never receive them."""
+    if not refusals:
+        return None
+    said = "; ".join(f"spec.{r['field']} ({r['url']}): {r['reason']}" for r in refusals)
+    return Refused(RefusalReason.URL_REFUSED,
+                   f"cell {target} refuses the tenant's {said}; change the Tenant's URLs or "
+                   "move it to a cell whose policy allows them")
 
 
 def next_phase(phase: MovePhase, *, aborted: bool = False, failed: bool = False) -> MovePhase:

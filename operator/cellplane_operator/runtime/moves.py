@@ -44,6 +44,7 @@ from cellplane_operator.domain.moves import (
     TERMINAL_PHASES, Admitted, MovePhase, MoveRequest, RecordView, RefusalReason, Refused, Resume,
     admit_move, differing_tables, fixed_pause_over_budget, may_abort, ready_to_cut_over, resume,
 )
+from cellplane_operator.domain.moves import refused_urls
 from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, dedicated_cell_name,
     place,
@@ -309,6 +310,9 @@ class MoveController:
             await self._refuse(body, outcome, source)
             return
         assert isinstance(outcome, Admitted) and stored is not None
+        if (refused := await self._target_refuses_urls(tenant, outcome.target)) is not None:
+            await self._refuse(body, refused, source)
+            return
         await self._ctx.ensure_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
         await self._report(body, MoveReport(
             MovePhase.COPYING, "Admitted",
@@ -319,6 +323,16 @@ class MoveController:
                               f"moving tenant {spec.tenant} from cell {source} to cell "
                               f"{outcome.target} (write pause budget "
                               f"{spec.max_write_pause_seconds:g}s)")
+
+    async def _target_refuses_urls(self, tenant: TenantSettings, target: str) -> Refused | None:
+        """The target cell's own URL policy, asked before anything is copied: a cell that
+        allows no private addresses must not receive a tenant whose targets or webhooks
+        are private (it would refuse their rows mid-copy anyway)."""
+        if not tenant.targets and not tenant.webhooks:
+            return None
+        end = await self._cell_end(target)
+        return refused_urls(target, await self._ctx.cells.refused_endpoints(
+            end.admin, end.token, tenant.targets, [url for url, _ in tenant.webhooks]))
 
     def _region_of(self, cell: str | None) -> str | None:
         body = self._ctx.cache.cells.get(cell or "")
