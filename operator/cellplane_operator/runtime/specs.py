@@ -60,9 +60,12 @@ class CellSettings:
             max_standby_lag_seconds=float(spec.failover.max_standby_lag_seconds),
             automatic_failover=spec.failover.automatic,
             failover_delay_seconds=float(spec.failover.failover_delay_seconds),
+            # Validated here, where the object is read: a lease the CRD's rules let
+            # through (stored under an older CRD) is a spec that cannot be read, said on
+            # the Cell's Accepted condition, not a site runner that fails at each start.
             lease=LeaseSettings(duration_seconds=float(spec.lease.duration_seconds),
                                 renew_interval_seconds=float(spec.lease.renew_interval_seconds),
-                                margin_seconds=float(spec.lease.margin_seconds)),
+                                margin_seconds=float(spec.lease.margin_seconds)).validated(),
             worker_processes=spec.driver.worker_processes,
             allow_private_targets=spec.driver.allow_private_targets,
             draining=spec.draining)

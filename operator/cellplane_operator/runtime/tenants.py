@@ -543,8 +543,13 @@ class TenantController:
             self._records.pop(key, None)
             self._load_changed(record.cell)
             await self._ctx.event(body, "Normal", "Removed",
-                                  f"left cell {record.cell}; its data was "
-                                  + ("deleted" if purge else "kept, disabled (deletionPolicy Retain)"))
+                                  f"left cell {record.cell}; its data was " + (
+                                      "deleted" if purge else
+                                      f"kept, disabled, as tenant {record.tenant_id} "
+                                      "(deletionPolicy Retain; the cell's admin API reaches "
+                                      f"it at /admin/v1/tenants/{record.tenant_id}). A Tenant "
+                                      "created again under this name is a new tenant with "
+                                      "a new id and none of this data"))
         if tenant.isolation is Tier.DEDICATED and purge:
             await self._delete_dedicated_cell(tenant)
         await self._ctx.kube.delete(SECRETS, _secret_name(tenant), namespace=tenant.namespace)
