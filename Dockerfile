@@ -5,15 +5,20 @@
 #   docker build -t cellplane-operator:0.1.0 .
 #   kind load docker-image cellplane-operator:0.1.0     # on kind; then image.pullPolicy=Never
 #
+# On this project's machines (no Docker, no registry) hack/images.sh builds it with podman
+# as localhost/cellplane-operator:<version> and imports it into the local cluster's nodes.
+#
 # Debian bookworm: its python3 is 3.11 (the package's floor) and its PostgreSQL is the
 # major the cells are tested on (POSTGRES_MAJOR in hack/versions.env). None of the
 # Go-built programs (kube-apiserver, kubectl, etcd, helm) is needed: an operator never
 # starts them. tests/unit/test_image.py keeps this file in step with the chart's values.
-FROM debian:bookworm-slim
-
 ARG POSTGRES_MAJOR=15
 # The chart's podSecurityContext.runAsUser and runAsGroup.
 ARG CELLPLANE_UID=65532
+
+FROM debian:bookworm-slim AS system
+ARG POSTGRES_MAJOR
+ARG CELLPLANE_UID
 
 # No default cluster on 5432 (the site driver makes its own), as hack/setup.sh does.
 RUN mkdir -p /etc/postgresql-common/createcluster.d \
@@ -33,14 +38,31 @@ RUN groupadd --gid "${CELLPLANE_UID}" cellplane \
     && mkdir -p /var/lib/cellplane \
     && chown "${CELLPLANE_UID}:${CELLPLANE_UID}" /var/lib/cellplane
 
+# The dependencies' list (and the build backend's), read from pyproject.toml in a stage of
+# its own: the layer that installs them is then rebuilt only when the list changes, not
+# with every other edit of pyproject.toml (a pytest marker, a lint rule).
+FROM system AS requirements
+COPY pyproject.toml /src/
+RUN python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb")); \
+        print("\n".join(p["project"]["dependencies"] + p["build-system"]["requires"]))' \
+        > /requirements.txt
+
+FROM system
+ARG CELLPLANE_UID
+# The dependencies first, in a layer of their own: after a change of Python alone, the
+# layers from the sources' COPY on are all that is built again, in seconds (hack/images.sh).
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
+RUN python3 -m venv /opt/cellplane \
+    && /opt/cellplane/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
 # What the wheel is built from, and nothing else (.dockerignore keeps the rest out).
 COPY pyproject.toml README.md /src/
 COPY operator/cellplane_operator /src/operator/cellplane_operator
 COPY cells/cellplane_cells /src/cells/cellplane_cells
 COPY crds /src/crds
 COPY deploy/admission /src/deploy/admission
-RUN python3 -m venv /opt/cellplane \
-    && /opt/cellplane/bin/pip install --no-cache-dir /src \
+RUN /opt/cellplane/bin/pip install --no-cache-dir --no-deps --no-build-isolation /src \
     && rm -rf /src
 
 ENV PATH=/opt/cellplane/bin:$PATH \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the operator image from ./Dockerfile without a Docker engine and proves it runs a
-# tenant: podman builds it (chroot isolation, so no daemon and no user namespaces), then
+# tenant: hack/images.sh builds it with podman (chroot isolation, so no daemon and no user
+# namespaces; the same build the local cluster's nodes import), then
 # the image's own `cellplane operator`, run from the image's filesystem as the image's
 # user, places a Tenant in a Cell against a local kube-apiserver and etcd
 # (`cellplane local up`), with the cell's Postgres, API and workers the image's programs.
@@ -8,8 +9,9 @@
 #   bash hack/check-image.sh        # as root; after bash hack/setup.sh
 #
 # Where no registry serves debian:bookworm-slim, a Debian 12 root built by debootstrap is
-# imported under that name first (said when it happens). Not part of hack/test.sh: it takes
-# a few minutes and needs podman, which CI's machine has no reason to carry.
+# imported under that name first (said when it happens). Not part of hack/test.sh: it runs
+# the image's operator chrooted, beside the tests' own; the local cluster's tests run the
+# same image as a Pod.
 set -euo pipefail
 trap 'echo "check-image: failed at line $LINENO (exit $?)" >&2' ERR
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,34 +38,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-missing=()
-for tool in podman buildah debootstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-if [ ${#missing[@]} -gt 0 ]; then
-    say "installing Debian packages: ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        podman buildah debootstrap crun fuse-overlayfs >/dev/null
-fi
+command -v podman >/dev/null || { echo "check-image: podman is missing: run bash hack/setup.sh" >&2; exit 2; }
 
-# --- the base image ------------------------------------------------------------
-base=docker.io/library/debian:bookworm-slim
-if ! podman image exists "$base" && ! podman pull -q "$base" >/dev/null 2>&1; then
-    say "no registry serves $base: importing a Debian 12 root made by debootstrap under that name"
-    debootstrap --variant=minbase bookworm "$work/base" >"$work/debootstrap.log" 2>&1
-    tar -C "$work/base" -c . | podman import -q - "$base" >/dev/null
-    rm -rf "$work/base"
-fi
-
-# --- the build -----------------------------------------------------------------
-# pip inside the build trusts the CAs the host trusts (a proxy's CA, say), without
-# putting them in the image.
-build_mounts=()
-host_ca="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
-if [ -f "$host_ca" ]; then
-    printf '[global]\ncert = /etc/host-pip-ca.crt\n' >"$work/pip.conf"
-    build_mounts=(-v "$host_ca:/etc/host-pip-ca.crt:ro" -v "$work/pip.conf:/etc/pip.conf:ro")
-fi
-say "podman build -t $image (Dockerfile)"
-podman build -q --isolation chroot "${build_mounts[@]}" -t "$image" "$root" >/dev/null
+# --- the build (skipped when nothing it is built from changed) -----------------
+bash "$here/images.sh" >"$work/images.log" 2>&1 || { cat "$work/images.log" >&2; exit 1; }
+podman image exists "$image" || { echo "check-image: $image is not in podman's store" >&2; exit 1; }
 say "built: $(podman image inspect --format '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}')"
 
 # --- a tenant through the image's operator ------------------------------------

@@ -30,13 +30,14 @@ def _instructions() -> list[tuple[str, str]]:
 
 
 def _args() -> dict[str, str]:
-    return dict(rest.split("=", 1) for word, rest in _instructions() if word == "ARG")
+    """The ARGs' defaults (declared before the first FROM; a stage's bare ARG uses them)."""
+    return dict(rest.split("=", 1) for word, rest in _instructions() if word == "ARG" and "=" in rest)
 
 
 def _copied_sources() -> list[str]:
     sources = []
     for word, rest in _instructions():
-        if word == "COPY":
+        if word == "COPY" and "--from=" not in rest:  # --from copies from a stage
             *parts, _destination = rest.split()
             sources += [part.rstrip("/") for part in parts if not part.startswith("--")]
     return sources
@@ -60,8 +61,9 @@ def test_the_image_user_is_the_charts_pod_user() -> None:
 def test_the_image_carries_the_pinned_postgres_major() -> None:
     assert _args()["POSTGRES_MAJOR"] == _versions()["POSTGRES_MAJOR"]
     frm = [rest for word, rest in _instructions() if word == "FROM"]
-    # Debian 12 ships PostgreSQL 15 and Python 3.11; another base changes both.
-    assert frm == ["debian:bookworm-slim"]
+    # Debian 12 ships PostgreSQL 15 and Python 3.11; another base changes both. The other
+    # stages build on that one.
+    assert frm == ["debian:bookworm-slim AS system", "system AS requirements", "system"]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["requires-python"] == ">=3.11"
 
@@ -86,3 +88,31 @@ def test_the_build_context_holds_every_path_the_wheel_is_built_from() -> None:
     kept = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
             if line.startswith("!")}
     assert copied <= kept, f".dockerignore leaves out {sorted(copied - kept)}"
+
+
+def test_the_local_cluster_builds_the_image_the_chart_names() -> None:
+    # hack/images.sh tags the image localhost/<the chart's repository>:<appVersion>, so
+    # the chart installed on the local cluster needs only image.repository's localhost/.
+    from cellplane_operator.localplane.images import OPERATOR_REPOSITORY, operator_reference
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert OPERATOR_REPOSITORY == f"localhost/{values['repository']}"
+    assert operator_reference(REPO) == f"{OPERATOR_REPOSITORY}:{app_version}"
+
+
+def test_the_dependencies_are_installed_before_the_sources_are_copied() -> None:
+    # A change of Python alone then rebuilds only the layers after the sources' COPY
+    # (seconds); a source COPY before the pip install of the dependencies would make
+    # every rebuild download and install them all again.
+    steps = _instructions()
+    first_source_copy = next(i for i, (word, rest) in enumerate(steps)
+                             if word == "COPY" and "operator/cellplane_operator" in rest)
+    dependencies = next(i for i, (word, rest) in enumerate(steps)
+                        if word == "RUN" and "pip install --no-cache-dir -r" in rest)
+    assert dependencies < first_source_copy
+    # Only the list of dependencies reaches that layer, not the whole pyproject.toml.
+    last_stage = max(i for i, (word, _) in enumerate(steps) if word == "FROM")
+    assert [rest.split() for word, rest in steps[last_stage:dependencies] if word == "COPY"] == \
+        [["--from=requirements", "/requirements.txt", "/tmp/requirements.txt"]]
+    assert any("--no-deps" in rest for word, rest in steps[first_source_copy:] if word == "RUN")

@@ -291,12 +291,13 @@ def build_operator_image(source: Path, directory: Path, say: Say) -> ImageArchiv
         started = time.monotonic()
         say(f"{reference}: podman build (Dockerfile)")
         _run([podman, "build", "--isolation", "chroot", "--layers", *_pip_ca_mounts(work),
-              "-t", reference, str(source)], log=work / "build.log", what="podman build")
+              "-t", reference, str(source)], log=directory / "operator-build.log",
+             what="podman build")
         built = time.monotonic()
         partial = directory / "operator.tar.partial"
         partial.unlink(missing_ok=True)
         _run([podman, "save", "--format", "docker-archive", "-o", str(partial), reference],
-             log=work / "save.log", what="podman save")
+             log=directory / "operator-save.log", what="podman save")
         partial.replace(archive)
         _write_stamp(directory, "operator", reference, inputs)
         say(f"{reference}: built in {built - started:.1f} s, saved in "
