@@ -73,7 +73,9 @@ def test_paused_worker_resumed_after_a_takeover_writes_nothing(cell_db: str, tmp
             process = ManagedProcess(name, [
                 sys.executable, "-m", "cellplane_operator", "cell", "work", "--database", cell_db,
                 "--epoch", str(epoch), "--worker-id", name, "--lease-seconds", "2",
-                "--heartbeat-seconds", "0.5", "--reap-seconds", "0.5"], log=tmp_path / f"{name}.log")
+                "--heartbeat-seconds", "0.5", "--reap-seconds", "0.5",
+                "--allow-private-targets"],  # the target is on loopback
+                log=tmp_path / f"{name}.log")
             process.start()
             return process
 

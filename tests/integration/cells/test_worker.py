@@ -86,7 +86,9 @@ async def test_killed_worker_is_reaped_and_the_job_resumes_at_its_saved_step(
         worker = subprocess.Popen(
             [sys.executable, "-m", "cellplane_operator", "cell", "work", "--database", cell_db,
              "--epoch", "1", "--worker-id", "doomed", "--lease-seconds", "2",
-             "--heartbeat-seconds", "0.5", "--slots", "2"],
+             "--heartbeat-seconds", "0.5", "--slots", "2",
+             # The target is on loopback: a development cell's worker.
+             "--allow-private-targets"],
             stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_for(lambda: any(c.json["step"] == 2 for c in target.snapshot()), timeout=30,
