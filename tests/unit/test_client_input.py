@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import pytest
+from fastapi.routing import APIRoute
 from hypothesis import given, strategies as st
 
+from cellplane_cells.api.tenant_app import create_tenant_app
 from cellplane_cells.domain.client_input import (
-    MAX_JSON_DEPTH, RouteMatch, bearer_token, has_control_character, json_depth, loads_storable,
+    TENANT_API_ROUTES, MAX_JSON_DEPTH, RouteMatch, bearer_token, has_control_character, json_depth, loads_storable,
     match_tenant_route,
 )
 
@@ -90,3 +93,12 @@ def test_control_characters() -> None:
 ])
 def test_only_the_tenant_api_routes_match(method: str, path: str, match: RouteMatch) -> None:
     assert match_tenant_route(method, path) is match
+
+
+def test_the_route_table_is_the_tenant_apps_own() -> None:
+    """The router forwards TENANT_API_ROUTES and nothing else: a route added to the app
+    and not to the table would be unreachable through the router, and the reverse open."""
+    app = create_tenant_app(cast(Any, None))
+    served = {(method, route.path) for route in app.routes if isinstance(route, APIRoute)
+              for method in route.methods}
+    assert served == set(TENANT_API_ROUTES)

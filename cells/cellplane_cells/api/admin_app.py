@@ -2,7 +2,8 @@
 
 A tenant key is never accepted here: the two APIs are separate applications on
 separate listeners, and this one compares the caller's token with the admin
-token only.
+token only. Every route, its OpenAPI document included, wants the token; there
+are no interactive docs.
 """
 
 
@@ -13,13 +14,15 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from cellplane_cells import jobqueue, moves
-from cellplane_cells.api.errors import BodySizeLimit, install_error_handlers
+from cellplane_cells.api.errors import install_error_handlers
+from cellplane_cells.api.inputs import RequestBody, install_request_gates
+from cellplane_cells.domain.client_input import bearer_token
 from cellplane_cells.domain.plans import Plan
 from cellplane_cells.metrics import register_queue_collector
 from cellplane_cells.errors import (
@@ -38,9 +41,8 @@ __all__ = ["create_admin_app"]
 TenantId = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 
 
-class TenantUpsert(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    plan: Plan
+class TenantUpsert(RequestBody):
+    plan: Plan = Field(strict=False)
     max_running: int | None = Field(default=None, ge=0)
     jobs_per_second: float | None = Field(default=None, gt=0)
     burst: int | None = Field(default=None, ge=1)
@@ -49,49 +51,42 @@ class TenantUpsert(BaseModel):
                                 description="Set the tenant's key; one is made if absent.")
 
 
-class TargetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TargetIn(RequestBody):
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     url: str = Field(min_length=1, max_length=2048)
 
 
-class WebhookIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WebhookIn(RequestBody):
     url: str = Field(min_length=1, max_length=2048)
     secret: str = Field(min_length=16, max_length=200)
     max_concurrency: int = Field(default=4, ge=1, le=100)
 
 
-class EndpointsIn(BaseModel):
+class EndpointsIn(RequestBody):
     """A tenant's whole set of targets and webhooks; what is not listed is removed."""
 
-    model_config = ConfigDict(extra="forbid")
     targets: list[TargetIn] = Field(default_factory=list, max_length=64)
     webhooks: list[WebhookIn] = Field(default_factory=list, max_length=64)
 
 
-class WebhookUrl(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WebhookUrl(RequestBody):
     url: str = Field(min_length=1, max_length=2048)
 
 
-class EndpointsCheck(BaseModel):
+class EndpointsCheck(RequestBody):
     """URLs to judge by this cell's policy, named as in a tenant's spec."""
 
-    model_config = ConfigDict(extra="forbid")
     targets: list[TargetIn] = Field(default_factory=list, max_length=64)
     webhooks: list[WebhookUrl] = Field(default_factory=list, max_length=64)
 
 
-class Redrive(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Redrive(RequestBody):
     limit: int = Field(default=100, ge=1, le=1000)
     per_second: float = Field(default=5.0, gt=0, le=1000,
                               description="Pace at which the copies become due.")
 
 
-class Import(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Import(RequestBody):
     epoch: int = Field(ge=1, description="The tenant epoch the tenant runs under in this cell.")
     bundle: dict[str, Any]
 
@@ -99,34 +94,29 @@ class Import(BaseModel):
 MoveId = Annotated[str, Field(min_length=1, max_length=200)]
 
 
-class MoveOut(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MoveOut(RequestBody):
     move_id: MoveId
 
 
-class MoveEpoch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MoveEpoch(RequestBody):
     move_id: MoveId
     epoch: int = Field(ge=1, description="The tenant epoch to hold from now on.")
 
 
-class MoveFinish(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MoveFinish(RequestBody):
     move_id: MoveId
     retain_seconds: int = Field(ge=0, le=10 * 365 * 86400,
                                 description="How long the moved-out rows stay, read-only.")
 
 
-class MoveIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MoveIn(RequestBody):
     move_id: MoveId
     epoch: int = Field(ge=1, description="The tenant epoch the tenant runs under in this cell.")
     rows: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     deletes: dict[str, list[str]] = Field(default_factory=dict)
 
 
-class MoveActivate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MoveActivate(RequestBody):
     move_id: MoveId
 
 
@@ -134,14 +124,14 @@ MOVE_IN_BODY_LIMIT = 32 * 1024 * 1024
 """A batch of rows for a move in; every other admin body stays under 1 MB."""
 
 
-class Credit(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Credit(RequestBody):
     amount: int = Field(gt=0, le=10**15)
 
 
 def create_admin_app(pool: ConnectionPool, *, admin_token: str,
                      allow_private_targets: bool) -> FastAPI:
-    app = FastAPI(title="cellplane cell: admin API", version="v1")
+    app = FastAPI(title="cellplane cell: admin API", version="v1", openapi_url=None,
+                  docs_url=None, redoc_url=None)
 
     def read_stats() -> list[dict[str, Any]]:
         with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cursor:
@@ -153,14 +143,18 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
     register_queue_collector(queue_registry, read_stats)
     conninfo = pool.conninfo if isinstance(pool.conninfo, str) else pool.conninfo()
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, limit=1024 * 1024, larger={"/move-in": MOVE_IN_BODY_LIMIT})
+    install_request_gates(app, body_limit=1024 * 1024, larger={"/move-in": MOVE_IN_BODY_LIMIT})
 
     def admin(authorization: Annotated[str | None, Header()] = None) -> None:
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not given or not hmac.compare_digest(given.encode(), admin_token.encode()):
-            raise UnauthenticatedError("the admin token is required")
+        given = bearer_token(authorization)
+        if given is None or not hmac.compare_digest(given.encode(), admin_token.encode()):
+            raise UnauthenticatedError("the admin token is required: Authorization: Bearer <token>")
 
     guarded = [Depends(admin)]
+
+    @app.get("/admin/v1/openapi.json", dependencies=guarded, include_in_schema=False)
+    def openapi() -> dict[str, Any]:
+        return app.openapi()
 
     @app.put("/admin/v1/tenants/{tenant_id}", dependencies=guarded)
     def put_tenant(tenant_id: TenantId, body: TenantUpsert) -> dict[str, Any]:

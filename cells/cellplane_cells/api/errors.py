@@ -1,9 +1,11 @@
 """One error shape for both APIs: ``{"error": {"code": ..., "message": ...}}``.
 
 Every ``CellError`` maps to its own status; a request the schema rejects is a
-422 with the offending fields; a body over the size limit is a 413; anything
-unforeseen is logged and answered as a 500 with code ``internal``, never as a
-stack trace.
+422 with the offending fields; a body over the size limit is a 413; a value
+the database refuses as data (``DataError``) is a 422 and one that conflicts
+with a stored row (a unique index) a 409, named by ``_CONSTRAINT_CONFLICTS``
+where a client can cause it; anything unforeseen is logged and answered as a
+500 with code ``internal``, never as a stack trace.
 """
 
 from __future__ import annotations
@@ -43,15 +45,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
-        fields = [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")}
+        fields = [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": _problem(e)}
                   for e in error.errors()]
         return JSONResponse(error_body("invalid_request", "the request does not match the schema",
                                        fields=fields), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
-            error.status_code, "http_error")
+        code = {400: "invalid_request", 401: "unauthenticated", 404: "not_found",
+                405: "method_not_allowed", 413: "body_too_large"}.get(error.status_code,
+                                                                      "http_error")
         return JSONResponse(error_body(code, str(error.detail)), status_code=error.status_code)
 
     @app.exception_handler(PoolTimeout)
@@ -64,11 +67,41 @@ def install_error_handlers(app: FastAPI) -> None:
                                        "unreachable; retry shortly"),
                             status_code=503, headers={"Retry-After": "1"})
 
+    @app.exception_handler(psycopg.IntegrityError)
+    @app.exception_handler(psycopg.DataError)
+    async def refused_as_data(request: Request, error: psycopg.Error) -> JSONResponse:
+        # The request's values reached a statement that refused them: the request is
+        # at fault (the edge's checks let something through), and it changed nothing.
+        log.warning("the database refused %s %s: %s", request.method, request.url.path,
+                    error.diag.message_primary)
+        known = _CONSTRAINT_CONFLICTS.get(error.diag.constraint_name or "")
+        if known is not None:
+            return JSONResponse(error_body(*known), status_code=409)
+        if isinstance(error, psycopg.errors.UniqueViolation):
+            return JSONResponse(error_body("conflict", "the request conflicts with data the "
+                                           "cell holds"), status_code=409)
+        return JSONResponse(error_body("invalid_request", "the database refused a value of "
+                                       "the request"), status_code=422)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse(error_body("internal", "internal error; it has been logged"),
                             status_code=500)
+
+
+_CONSTRAINT_CONFLICTS = {
+    "tenants_api_key": ("api_key_in_use", "the API key is already another tenant's"),
+}
+"""Unique indexes a client's request can run into: (code, message) of the 409."""
+
+
+def _problem(error: Any) -> str:
+    """The validation error's message, with the parser's reason for a body that is no
+    (storable) JSON."""
+    message = str(error.get("msg", ""))
+    reason = (error.get("ctx") or {}).get("error")
+    return f"{message}: {reason}" if error.get("type") == "json_invalid" and reason else message
 
 
 class BodySizeLimit:

@@ -20,9 +20,13 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, Field, JsonValue
 
-from cellplane_cells.api.errors import BodySizeLimit, install_error_handlers
+from cellplane_cells.api.errors import install_error_handlers
+from cellplane_cells.api.inputs import RequestBody, install_request_gates
+from cellplane_cells.domain.client_input import (
+    INVALID_KEY_MESSAGE, MAX_PAYLOAD_DEPTH, TENANT_BODY_LIMIT_BYTES, bearer_token, json_depth,
+)
 from cellplane_cells.db import translate_errors
 from cellplane_cells.errors import (
     InvalidRequestError,
@@ -37,16 +41,23 @@ from cellplane_cells.tenants import hash_api_key
 
 __all__ = ["create_tenant_app", "MAX_BODY_BYTES"]
 
-MAX_BODY_BYTES = 256 * 1024
+MAX_BODY_BYTES = TENANT_BODY_LIMIT_BYTES
 JobStatus = Literal["queued", "running", "succeeded", "dead", "cancelled", "expired"]
 
 
-class SubmitJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _shallow(payload: JsonValue) -> JsonValue:
+    # Bounded below the body's own bound: a tenant's export and a move carry the
+    # payload a few levels deeper than a submission does.
+    if json_depth(payload) > MAX_PAYLOAD_DEPTH:
+        raise ValueError(f"the payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+    return payload
 
+
+class SubmitJob(RequestBody):
     target: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
                         description="Name of a target registered for the tenant.")
-    payload: JsonValue = Field(description="Sent to the target with every step.")
+    payload: Annotated[JsonValue, AfterValidator(_shallow)] = Field(
+        description="Sent to the target with every step.")
     steps: int = Field(default=1, ge=1, le=32)
     max_attempts: int = Field(default=5, ge=1, le=20)
     estimate: int = Field(default=0, ge=0, le=10**12,
@@ -107,16 +118,19 @@ def _job_id(raw: str) -> uuid.UUID:
 def create_tenant_app(pool: ConnectionPool) -> FastAPI:
     app = FastAPI(title="cellplane cell: tenant API", version="v1")
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+    install_request_gates(app, body_limit=MAX_BODY_BYTES)
 
     def caller(authorization: Annotated[str | None, Header()] = None) -> tuple[str, str]:
-        if not authorization or not authorization.startswith("Bearer "):
+        key = bearer_token(authorization)
+        if key is None:
             raise UnauthenticatedError("an API key is required: Authorization: Bearer <key>")
+        # Looked up by the key's SHA-256 in a unique index: what a timing of the
+        # lookup could tell is how a stored digest begins, which leads to no key.
         with pool.connection() as conn:
-            row = conn.execute(query("tenant_by_key"),
-                               {"key_hash": hash_api_key(authorization[7:].strip())}).fetchone()
+            row = conn.execute(query("tenant_by_key"), {"key_hash": hash_api_key(key)}).fetchone()
         if row is None:
-            raise UnauthenticatedError("unknown API key")
+            # The same answer the edge router gives for a key of no placed tenant.
+            raise UnauthenticatedError(INVALID_KEY_MESSAGE)
         if row[2] == "moved":
             # The tenant lives in another cell now; the edge router retries there.
             raise UnavailableError("the tenant has moved to another cell; retry shortly",
@@ -150,7 +164,9 @@ def create_tenant_app(pool: ConnectionPool) -> FastAPI:
                              "lease_expired: ask again); or the cell is fenced on purpose "
                              "(cell_fenced, with the reason)"}})
     def submit_job(request: Request, body: SubmitJob, tenant_id: SubmittingTenant,
-                   idempotency_key: Annotated[str, Header(min_length=1, max_length=255)]) -> JSONResponse:
+                   idempotency_key: Annotated[str, Header(min_length=1, max_length=255,
+                                                          pattern=r"^[\x20-\x7e]+$")],
+                   ) -> JSONResponse:
         job = JobRequest(target=body.target, payload=body.payload, steps=body.steps,
                          max_attempts=body.max_attempts, estimate=body.estimate,
                          expires_in_seconds=body.expires_in_seconds)
