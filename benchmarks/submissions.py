@@ -176,13 +176,15 @@ def start_server(conninfo: str, *, log: Path, pool_size: int) -> tuple[ManagedPr
     tenant_url, admin_url = f"http://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{admin_port}"
 
     def ready() -> bool:
+        # The admin API serves its OpenAPI document to the token's holder only.
         try:
-            return all(httpx.get(f"{url}/openapi.json", timeout=1.0).status_code == 200
-                       for url in (tenant_url, admin_url))
+            return (httpx.get(f"{tenant_url}/openapi.json", timeout=1.0).status_code == 200
+                    and httpx.get(f"{admin_url}/admin/v1/openapi.json", timeout=1.0,
+                                  headers={"Authorization": f"Bearer {token}"}).status_code == 200)
         except httpx.HTTPError:
             return False
 
-    server.wait_until(ready, timeout=60, what="GET /openapi.json on both ports")
+    server.wait_until(ready, timeout=60, what="the OpenAPI documents of both ports")
     return server, tenant_url, admin_url, token
 
 
