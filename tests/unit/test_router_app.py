@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from cellplane_cells.domain.client_input import INVALID_KEY_MESSAGE, TENANT_BODY_LIMIT_BYTES
+from cellplane_operator.domain.routing import key_digest
 from cellplane_operator.router.app import RouterSettings, create_router_app
 from cellplane_operator.router.watcher import PlacementWatcher
 from cellplane_operator.store import EtcdStore
@@ -29,7 +30,10 @@ class Harness:
         self.reached: list[httpx.Request] = []
         watcher = PlacementWatcher(cast(EtcdStore, None))
         for revision, (key, value) in enumerate([
-            ("/cellplane/tenants/ns/acme", {"tenantId": "acme", "cell": "c1", "epoch": 1}),
+            ("/cellplane/tenants/ns/acme", {"tenantId": "acme", "cell": "c1", "epoch": 1,
+                                            "keyDigest": key_digest(KEY)}),
+            # Placed before its key existed: the cell checks its keys.
+            ("/cellplane/tenants/ns/early", {"tenantId": "early", "cell": "c1", "epoch": 1}),
             ("/cellplane/groups/c1/owner", {"region": "r1", "epoch": 1}),
             ("/cellplane/cells/c1/sites/r1", {"endpoints": {"api": "http://cell.test"},
                                               "serving": True}),
@@ -100,6 +104,7 @@ def test_a_declared_oversize_body_is_refused_before_a_byte_is_read() -> None:
 
 
 @pytest.mark.parametrize("authorization", ["Bearer cpk_nobody.s3cret", "Bearer not-a-key",
+                                           "Bearer cpk_acme.wrong",
                                            "Bearer cpk_acme", None, KEY, "Basic abc"])
 def test_a_key_of_no_placed_tenant_is_refused_before_a_byte_is_read(
         authorization: str | None) -> None:
@@ -114,11 +119,24 @@ def test_a_key_of_no_placed_tenant_is_refused_before_a_byte_is_read(
     run(test)
 
 
-def test_an_unknown_tenant_gets_the_cells_answer_to_a_wrong_secret() -> None:
+def test_an_unknown_tenant_and_a_wrong_secret_get_the_same_answer_from_the_router() -> None:
     async def test(h: Harness) -> None:
-        answer = await h.client.get("/v1/jobs", headers={"Authorization": "Bearer cpk_nobody.x"})
-        assert answer.json() == {"error": {"code": "unauthenticated",
-                                           "message": INVALID_KEY_MESSAGE}}
+        unknown = await h.client.get("/v1/jobs", headers={"Authorization": "Bearer cpk_nobody.x"})
+        wrong = await h.client.get("/v1/jobs", headers={"Authorization": "Bearer cpk_acme.x"})
+        assert unknown.status_code == wrong.status_code == 401
+        assert unknown.json() == wrong.json() == {"error": {"code": "unauthenticated",
+                                                            "message": INVALID_KEY_MESSAGE}}
+        assert sorted(unknown.headers.items()) == sorted(wrong.headers.items())
+        assert not h.reached
+
+    run(test)
+
+
+def test_a_tenant_whose_record_has_no_key_digest_is_checked_by_its_cell() -> None:
+    async def test(h: Harness) -> None:
+        answer = await h.client.get("/v1/jobs", headers={"Authorization": "Bearer cpk_early.x"})
+        assert answer.status_code == 200
+        assert len(h.reached) == 1
 
     run(test)
 

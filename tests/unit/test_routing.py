@@ -127,3 +127,32 @@ def test_placement_records_round_trip_and_a_record_not_moving_encodes_as_before(
     assert "moving" not in json.loads(still.encode())
     assert json.loads(moving.encode())["moving"] is True
     assert PlacementRecord.decode(still.encode()).moving is False
+
+
+def test_a_record_with_the_keys_digest_lets_the_map_check_the_whole_key() -> None:
+    from cellplane_operator.domain.routing import KeyCheck, key_digest
+
+    key = "cpk_team--a-acme.s3cr3t"
+    placement = PlacementMap()
+    placement.apply(TENANT_KEY, PlacementRecord(
+        cell="shared-a1", epoch=1, tenant_id="team--a-acme", uid="u", max_running=5,
+        key_digest=key_digest(key)).encode(), 10)
+    assert placement.check_key(key) is KeyCheck.VALID
+    assert placement.check_key("cpk_team--a-acme.wrong") is KeyCheck.INVALID
+    assert placement.check_key("cpk_nobody.s3cr3t") is KeyCheck.INVALID
+    assert placement.check_key("not-a-key") is KeyCheck.INVALID
+    # A record without the digest (written before the key, or by an older operator):
+    # the cell decides, as before.
+    placement.apply(TENANT_KEY, record(), 11)
+    assert placement.check_key("cpk_team--a-acme.wrong") is KeyCheck.CELL_DECIDES
+    placement.apply(TENANT_KEY, None, 12)
+    assert placement.check_key(key) is KeyCheck.INVALID
+
+
+def test_the_digest_is_written_only_once_known_so_older_records_encode_as_before() -> None:
+    plain = PlacementRecord(cell="c", epoch=2, tenant_id="t", uid="u", max_running=1)
+    assert b"keyDigest" not in plain.encode()
+    with_digest = PlacementRecord(cell="c", epoch=2, tenant_id="t", uid="u", max_running=1,
+                                  key_digest="ab" * 32)
+    assert PlacementRecord.decode(with_digest.encode()) == with_digest
+    assert PlacementRecord.decode(plain.encode()) == plain

@@ -9,7 +9,14 @@ read can arrive in any order:
     /cellplane/cells/<cell>/sites/<region>  a site's endpoints and whether it serves
 
 A tenant's API key names the tenant (``cpk_<tenant id>.<secret>``), so the
-router needs no key table: it routes by the id and the cell checks the key.
+router routes by the id. A record that carries the key's SHA-256
+(``keyDigest``, written once the cell holds the key) lets the router check the
+whole key itself, before it reads a byte of the body and without asking a cell:
+a key of no placed tenant and a wrong secret are then refused alike, compared
+in constant time against a stand-in digest when there is no tenant, so neither
+the answer nor its timing tells whether a tenant id exists. A record without
+the digest (written before the key existed, or by an older operator) leaves
+the check to the cell.
 
 A tenant whose record says ``moving`` is being cut over to another cell: its
 source no longer serves it and its target not yet, so it has no route until the
@@ -19,11 +26,15 @@ that is a wait, not a refusal.
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import hmac
 import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Route", "NoRoute", "PlacementMap", "tenant_of_key", "KEY_PREFIX"]
+__all__ = ["Route", "NoRoute", "PlacementMap", "tenant_of_key", "KEY_PREFIX", "KeyCheck",
+           "key_digest"]
 
 KEY_PREFIX = "cpk_"
 
@@ -34,6 +45,24 @@ def tenant_of_key(api_key: str) -> str | None:
         return None
     tenant, _, secret = api_key[len(KEY_PREFIX):].partition(".")
     return tenant if tenant and secret else None
+
+
+def key_digest(api_key: str) -> str:
+    """The hex SHA-256 of a key, as placement records carry it (the cell stores the same)."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+_NO_DIGEST = key_digest("no tenant has this key")
+"""Compared against when the key names no tenant, so that case costs what a wrong secret does."""
+
+
+class KeyCheck(enum.Enum):
+    VALID = "valid"
+    """The key is the tenant's: forward."""
+    CELL_DECIDES = "cell_decides"
+    """The tenant is placed but its record carries no digest: forward, the cell checks."""
+    INVALID = "invalid"
+    """No placed tenant has this key (an unknown id or a wrong secret alike): 401."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +92,8 @@ class NoRoute:
 class PlacementMap:
     _tenants: dict[str, tuple[int, str, int, bool]] = field(default_factory=dict)
     """tenant id -> (revision, cell, tenant epoch, moving)"""
+    _key_digests: dict[str, str] = field(default_factory=dict)
+    """tenant id -> hex SHA-256 of its API key, for the records that carry one"""
     _tenant_ids: dict[str, str] = field(default_factory=dict)
     """record key -> tenant id, to forget a tenant when its record is deleted"""
     _owners: dict[str, tuple[int, str, int] | None] = field(default_factory=dict)
@@ -96,10 +127,15 @@ class PlacementMap:
             if known is not None:
                 del self._tenant_ids[key]
                 self._tenants.pop(known, None)
+                self._key_digests.pop(known, None)
             return known is not None
         body = json.loads(value)
         tenant_id = str(body["tenantId"])
         self._tenant_ids[key] = tenant_id
+        if body.get("keyDigest"):
+            self._key_digests[tenant_id] = str(body["keyDigest"])
+        else:
+            self._key_digests.pop(tenant_id, None)
         self._tenants[tenant_id] = (revision, str(body["cell"]), int(body["epoch"]),
                                     bool(body.get("moving", False)))
         return True
@@ -120,6 +156,20 @@ class PlacementMap:
         endpoints = body.get("endpoints") or {}
         self._sites[(cell, region)] = (revision, endpoints.get("api"), bool(body.get("serving")))
         return True
+
+    def check_key(self, api_key: str) -> KeyCheck:
+        """Whether ``api_key`` is a placed tenant's; constant time in the secret, and the
+        same work whether the id is placed or not."""
+        tenant_id = tenant_of_key(api_key)
+        placed = tenant_id is not None and tenant_id in self._tenants
+        stored = self._key_digests.get(tenant_id or "") if placed else None
+        matches = hmac.compare_digest(key_digest(api_key).encode(),
+                                      (stored or _NO_DIGEST).encode())
+        if not placed:
+            return KeyCheck.INVALID
+        if stored is None:
+            return KeyCheck.CELL_DECIDES
+        return KeyCheck.VALID if matches else KeyCheck.INVALID
 
     def resolve(self, tenant_id: str) -> Route | NoRoute:
         placed = self._tenants.get(tenant_id)

@@ -1,11 +1,11 @@
 """Placement records: tenant -> (cell, epoch), one etcd key per tenant.
 
     /cellplane/tenants/<namespace>/<name>  {"cell", "epoch", "tenantId", "uid", "maxRunning"
-                                            [, "moving": true]}
+                                            [, "moving": true] [, "keyDigest"]}
 
-``moving`` is written only while it is true, so a record that is not being
-moved encodes exactly as before the flag existed (``delete`` compares the
-encoded value, so the encoding of a record must never drift).
+``moving`` is written only while it is true, and ``keyDigest`` only once it is
+known, so a record encodes exactly as before either existed (``delete``
+compares the encoded value, so the encoding of a record must never drift).
 
 Every write is a transaction that also compares the placement election's
 owner key with the writer's own record (``guard``): a leader that lost the
@@ -50,6 +50,9 @@ class PlacementRecord:
     """Worker slots the tenant may take in its cell, for the cell's load."""
     moving: bool = False
     """A move is cutting the tenant over: the router holds its requests."""
+    key_digest: str | None = None
+    """Hex SHA-256 of the tenant's API key, written once its cell holds the key: the
+    router checks keys with it before it reads a body (domain/routing.py)."""
 
     def encode(self) -> bytes:
         body = asdict(self)
@@ -57,6 +60,8 @@ class PlacementRecord:
                     "uid": body["uid"], "maxRunning": body["max_running"]}
         if self.moving:
             document["moving"] = True
+        if self.key_digest is not None:
+            document["keyDigest"] = self.key_digest
         return json.dumps(document, sort_keys=True).encode()
 
     @classmethod
@@ -64,7 +69,8 @@ class PlacementRecord:
         body = json.loads(raw)
         return cls(cell=str(body["cell"]), epoch=int(body["epoch"]),
                    tenant_id=str(body["tenantId"]), uid=str(body["uid"]),
-                   max_running=int(body["maxRunning"]), moving=bool(body.get("moving", False)))
+                   max_running=int(body["maxRunning"]), moving=bool(body.get("moving", False)),
+                   key_digest=None if body.get("keyDigest") is None else str(body["keyDigest"]))
 
 
 class Stored(NamedTuple):

@@ -18,9 +18,11 @@ Before it reads a byte of the body the router refuses what the cell would
 never serve: a path or query with a control character (400), a path that is
 not one of the tenant API's routes once percent-decoded (404; a cell's own
 OpenAPI and docs are not forwarded), a declared body over the cell's limit
-(413), and a key that names no placed tenant (401, the very answer the cell
-gives for a wrong secret, so neither tells which tenant ids exist). The body
-is then read up to the limit and no further, chunked or not (413 past it).
+(413), and a key that is no placed tenant's (401, the very answer the cell
+gives for a wrong secret, so neither tells which tenant ids exist; the whole
+key is checked here when the tenant's placement record carries its digest,
+see domain/routing.py). The body is then read up to the limit and no
+further, chunked or not (413 past it).
 
 The router's Prometheus metrics (``cellplane_router_*``, docs/metrics.md) are
 served by ``cellplane router --metrics-port`` on a listener of their own, not
@@ -44,7 +46,7 @@ from cellplane_cells.domain.client_input import (
     INVALID_KEY_MESSAGE, TENANT_BODY_LIMIT_BYTES, RouteMatch, bearer_token, has_control_character,
     match_tenant_route,
 )
-from cellplane_operator.domain.routing import NoRoute, Route, tenant_of_key
+from cellplane_operator.domain.routing import KeyCheck, NoRoute, Route, tenant_of_key
 from cellplane_operator.metrics import (
     router_answered, router_hold_ended, router_hold_started, router_refused_for_tenant,
     router_retried,
@@ -178,8 +180,9 @@ def create_router_app(watcher: PlacementWatcher, http: httpx.AsyncClient,
                                    "an API key is required: Authorization: Bearer <key>"),
                             "unauthenticated")
         tenant_id = tenant_of_key(key)
-        if tenant_id is None or _unknown(watcher.map.resolve(tenant_id)):
-            # The cell's answer to a wrong secret, word for word.
+        if tenant_id is None or watcher.map.check_key(key) is KeyCheck.INVALID:
+            # The cell's answer to a wrong secret, word for word: an unknown id and a
+            # wrong secret read the same.
             return answered(_error(401, "unauthenticated", INVALID_KEY_MESSAGE), "unknown_tenant")
         try:
             body = await read_body(request)
@@ -245,10 +248,6 @@ class _ControlCharacterGuard:
                 await response(scope, receive, send)
                 return
         await self._app(scope, receive, send)
-
-
-def _unknown(found: Route | NoRoute) -> bool:
-    return isinstance(found, NoRoute) and not found.transient
 
 
 def _too_large(limit: int) -> Response:

@@ -33,7 +33,7 @@ from cellplane_operator.domain.placement import (
     dedicated_cell_name, place, tenant_id,
 )
 from cellplane_operator.domain.moves import MOVING_PHASES
-from cellplane_operator.domain.routing import KEY_PREFIX
+from cellplane_operator.domain.routing import KEY_PREFIX, key_digest
 from cellplane_operator.domain.tenants import (
     REFUSED_BY_CELL, TenantProgress, name_problem, plan_tenant_status, refused_by_cell,
 )
@@ -267,8 +267,11 @@ class TenantController:
                 self._retries.later(key)
                 return
             failpoint("tenant-after-provision", str(key))
-            if record.max_running != quotas.max_running:
-                await self._update_record(key, stored, quotas.max_running)
+            # The key's digest only now: the router checks keys with it, so the cell
+            # must hold the key before the router accepts it.
+            digest = key_digest(api_key)
+            if record.max_running != quotas.max_running or record.key_digest != digest:
+                await self._update_record(key, stored, quotas.max_running, digest)
             self._provisioned[key] = applied
             await self._announce_provisioned(body, tenant, record, quotas)
         await self._report(key, body, replace(
@@ -500,9 +503,10 @@ class TenantController:
         await cells.put_endpoints(admin, token, record.tenant_id, tenant.targets, tenant.webhooks,
                                   webhook_secret)
 
-    async def _update_record(self, key: TenantKey, stored: Stored, max_running: int) -> None:
+    async def _update_record(self, key: TenantKey, stored: Stored, max_running: int,
+                             digest: str) -> None:
         record = stored.record
-        updated = replace(record, max_running=max_running)
+        updated = replace(record, max_running=max_running, key_digest=digest)
         if await self._store.replace(key, updated, mod_revision=stored.mod_revision,
                                      guard=self._leadership.guard()):
             fresh = await self._store.read(key)
