@@ -46,3 +46,26 @@ async def test_a_grant_to_a_cell_database_without_migration_0007_still_lands(cel
         row = conn.execute("SELECT epoch, lease_deadline > now() FROM placement_group").fetchone()
     assert row == (4, True)
     assert grant.last_grant == (4, 30.0)
+
+
+async def test_a_stop_after_the_deadline_keeps_the_deadline_that_was_in_force(cell_db: str) -> None:
+    """An owner paused past its lease self-fences when it resumes: its zero grant must not
+    move the old primary's deadline to that moment, which the reconciliation report reads
+    as the deadline in force (issue #18 item 15)."""
+    grant = CellDatabaseGrant(cell_db)
+    await grant.start_acting(2, 0.2)
+    with psycopg.connect(cell_db, autocommit=True) as conn:
+        [(in_force,)] = conn.execute("SELECT lease_deadline FROM placement_group").fetchall()
+        # Past the deadline by the database's own clock, as a paused operator is.
+        conn.execute("SELECT pg_sleep(greatest(extract(epoch FROM %s - clock_timestamp()), 0)"
+                     " + 0.2)", (in_force,))
+        await grant.stop_acting(2, "self-fenced: no renewal confirmed before deadline - margin")
+        [(after_stop,)] = conn.execute("SELECT lease_deadline FROM placement_group").fetchall()
+        assert after_stop == in_force
+        # A stop before the deadline still ends the write time now.
+        await grant.start_acting(3, 30.0)
+        await grant.stop_acting(3, "released")
+        [(ended, passed)] = conn.execute(
+            "SELECT lease_deadline, lease_deadline <= clock_timestamp() FROM placement_group"
+        ).fetchall()
+    assert passed and ended > in_force
