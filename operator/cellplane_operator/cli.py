@@ -342,6 +342,7 @@ def _run_hold(args: argparse.Namespace) -> int:
         holder = LeaseHolder(OwnershipTable(store), HolderIdentity(args.cell, args.region, args.site),
                              actor, settings=settings, clock=SystemClock(),
                              takeover_delay_seconds=args.takeover_delay_seconds)
+        actor.acquisition = lambda: {"vacated_at": holder.vacated_at}
         try:
             await holder.run(stop)
             # A clean shutdown is a planned handover: the next owner need not
