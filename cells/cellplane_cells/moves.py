@@ -28,7 +28,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from cellplane_cells.db import translate_errors
-from cellplane_cells.errors import ConflictError, InvalidRequestError, NotFoundError
+from cellplane_cells.errors import (
+    ConflictError, InvalidRequestError, NotFoundError, UnavailableError,
+)
 from cellplane_cells.queries import query
 from cellplane_cells.tenants import PURGE_ORDER, refuse_urls, row_urls
 
@@ -288,16 +290,28 @@ def read_changes(conn: psycopg.Connection[Any], tenant_id: str, *, after: int,
             "pending": int(pending["pending"]) if pending else 0}
 
 
-def freeze(conn: psycopg.Connection[Any], tenant_id: str, move_id: str, epoch: int) -> dict[str, int]:
+def freeze(conn: psycopg.Connection[Any], tenant_id: str, move_id: str, epoch: int, *,
+           within_ms: int | None = None) -> dict[str, int]:
     """Stops every non-admin write of the tenant here, under its new epoch.
 
     Takes the exclusive tenant lock, so it returns only after every write that
-    passed the fence before has committed; none lands after it."""
+    passed the fence before has committed; none lands after it. ``within_ms``
+    is what is left of the cutover's write-pause budget: the database itself
+    gives up the freeze (nothing changed) if its lock waits and statements take
+    longer, so a long transaction of the tenant cannot stretch the pause."""
     params = {"tenant_id": tenant_id, "move_id": move_id, "epoch": epoch}
-    with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
-        if plan_freeze(_lock(cursor, tenant_id), move_id):
-            cursor.execute(query("freeze_tenant"), params)
-        row = cursor.execute(query("max_change_seq"), params).fetchone()
+    try:
+        with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
+            if within_ms is not None:
+                for setting in ("lock_timeout", "statement_timeout"):
+                    cursor.execute("SELECT set_config(%s, %s, true)", (setting, f"{within_ms}ms"))
+            if plan_freeze(_lock(cursor, tenant_id), move_id):
+                cursor.execute(query("freeze_tenant"), params)
+            row = cursor.execute(query("max_change_seq"), params).fetchone()
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+        raise UnavailableError(f"the freeze did not finish within {within_ms}ms (the tenant's "
+                               "writes in flight held its lock); nothing was frozen",
+                               code="freeze_timeout", retry_after_seconds=1.0) from None
     assert row is not None
     return {"last_seq": int(row["last_seq"]), "pending": int(row["pending"])}
 

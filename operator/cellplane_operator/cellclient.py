@@ -83,9 +83,13 @@ class CellAdminClient:
                                 token, None, params={"after": str(after), "limit": str(limit)})
 
     async def freeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
-                              epoch: int) -> None:
+                              epoch: int, *, within_seconds: float | None = None) -> None:
+        """``within_seconds``: the cell's database gives the freeze up past it."""
+        body: dict[str, Any] = {"move_id": move_id, "epoch": epoch}
+        if within_seconds is not None:
+            body["within_ms"] = max(1, int(within_seconds * 1000))
         await self._json("POST", f"{admin}/admin/v1/tenants/{tenant_id}/move-out:freeze", token,
-                         {"move_id": move_id, "epoch": epoch})
+                         body)
 
     async def unfreeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
                                 epoch: int) -> None:

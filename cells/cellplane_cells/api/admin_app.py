@@ -103,6 +103,12 @@ class MoveEpoch(RequestBody):
     epoch: int = Field(ge=1, description="The tenant epoch to hold from now on.")
 
 
+class MoveFreeze(MoveEpoch):
+    within_ms: int | None = Field(default=None, ge=1, le=600_000, description=(
+        "What is left of the cutover's write-pause budget: the freeze is given up, "
+        "nothing changed, if it cannot take the tenant's lock within it."))
+
+
 class MoveFinish(RequestBody):
     move_id: MoveId
     retain_seconds: int = Field(ge=0, le=10 * 365 * 86400,
@@ -277,9 +283,10 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
             return moves.read_changes(conn, tenant_id, after=after, limit=limit)
 
     @app.post("/admin/v1/tenants/{tenant_id}/move-out:freeze", dependencies=guarded)
-    def move_out_freeze(tenant_id: TenantId, body: MoveEpoch) -> dict[str, int]:
+    def move_out_freeze(tenant_id: TenantId, body: MoveFreeze) -> dict[str, int]:
         with pool.connection() as conn:
-            return moves.freeze(conn, tenant_id, body.move_id, body.epoch)
+            return moves.freeze(conn, tenant_id, body.move_id, body.epoch,
+                                within_ms=body.within_ms)
 
     @app.post("/admin/v1/tenants/{tenant_id}/move-out:unfreeze", dependencies=guarded)
     def move_out_unfreeze(tenant_id: TenantId, body: MoveEpoch) -> dict[str, Any]:

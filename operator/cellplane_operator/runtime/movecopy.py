@@ -118,9 +118,11 @@ class TenantCopy:
             if round_.pending == 0:
                 return sent
 
-    async def freeze_source(self) -> None:
+    async def freeze_source(self, within_seconds: float | None = None) -> None:
+        """The source stops the tenant's writes; its database gives up past ``within_seconds``."""
         await self._cells.freeze_move_out(self.source.admin, self.source.token, self.tenant_id,
-                                          self.move_id, self.target_epoch)
+                                          self.move_id, self.target_epoch,
+                                          within_seconds=within_seconds)
 
     async def unfreeze_source(self, epoch: int) -> None:
         await self._cells.unfreeze_move_out(self.source.admin, self.source.token, self.tenant_id,

@@ -600,3 +600,35 @@ def test_steps_of_a_job_submitted_after_the_jobs_pages_come_with_its_change(
     assert fetch(target.conninfo, "SELECT count(*) FROM job_steps WHERE job_id = %s",
                  late) == [(2,)]
     assert sums(source) == sums(target)
+
+
+def test_a_freeze_that_cannot_take_the_tenants_lock_within_its_time_gives_up(source: Cell) -> None:
+    """The cutover's deadline reaches the database: a writer holding the tenant's lock
+    makes the freeze wait, but never past what is left of the pause budget (issue #18)."""
+    source.tenant("acme")
+    start(source)
+    writer = psycopg.connect(source.conninfo)
+    writer.execute("SET cellplane.epoch = '1'")
+    writer.commit()
+    writer.execute("UPDATE wallets SET available = available + 1 WHERE tenant_id = 'acme'")
+    try:
+        began = time.monotonic()
+        answer = source.admin.post("/admin/v1/tenants/acme/move-out:freeze",
+                                   json={"move_id": MOVE, "epoch": 2, "within_ms": 300})
+        took = time.monotonic() - began
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "freeze_timeout"
+        assert took < 5, took  # the lock wait ended at 0.3 s, not with the writer
+        # Nothing changed: the tenant serves on, and the writer commits.
+        assert fetch(source.conninfo, "SELECT state, epoch FROM tenants WHERE tenant_id = 'acme'"
+                     ) == [("active", 1)]
+        writer.commit()
+    finally:
+        writer.close()
+    assert fetch(source.conninfo, "SELECT available FROM wallets WHERE tenant_id = 'acme'"
+                 ) == [(1_000_001,)]
+    # With the writer gone, the same freeze goes through.
+    ok(source.admin.post("/admin/v1/tenants/acme/move-out:freeze",
+                         json={"move_id": MOVE, "epoch": 2, "within_ms": 5000}))
+    assert fetch(source.conninfo, "SELECT state FROM tenants WHERE tenant_id = 'acme'"
+                 ) == [("frozen",)]
