@@ -153,9 +153,24 @@ def teardown(state: ClusterState, *, remove_run_dir: bool = True) -> list[str]:
     left += [f"still mounted: {point}" for point in unmount_under(run_dir)]
     left += delete_network(state.netns)
     left += cgroup.remove()
+    _remove_log_links(run_dir)
     if remove_run_dir and not left:
         shutil.rmtree(run_dir, ignore_errors=True)
     return left
+
+
+def _remove_log_links(run_dir: Path) -> None:
+    """The kubelet links each container's log into /var/log/containers (a fixed path);
+    the links into this cluster's run directory go with it."""
+    links = Path("/var/log/containers")
+    if not links.is_dir():
+        return
+    for link in links.iterdir():
+        try:
+            if link.is_symlink() and os.readlink(link).startswith(str(run_dir) + "/"):
+                link.unlink()
+        except OSError:
+            continue
 
 
 @dataclass
@@ -236,7 +251,10 @@ class LocalCluster:
             self._step("nodes Ready", lambda: self.wait_nodes_ready(timeout=timeout))
         except BaseException:
             self.say(f"start failed; logs in {self.logs_dir}")
-            self.stop(remove=False)
+            try:
+                self.stop(remove=False)
+            except LocalPlaneError as error:  # the start's own error matters more
+                self.say(str(error))
             raise
         self.timings["total"] = time.monotonic() - started
         self.say(f"cluster up in {self.timings['total']:.1f} s")

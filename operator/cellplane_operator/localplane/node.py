@@ -209,6 +209,8 @@ oom_score = 0
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
             "imageServiceEndpoint": f"unix://{self.containerd_socket}",
             "volumePluginDir": str(self.dir / "kubelet-plugins"),
+            # Not the machine's /var/log/pods: the pods' logs go with the node.
+            "podLogsDir": str(self.dir / "pod-logs"),
             # Low thresholds: one machine holds three nodes and the tests' disks are
             # small; the defaults would evict or taint the nodes at once.
             "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
