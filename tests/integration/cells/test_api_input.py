@@ -173,3 +173,19 @@ def test_a_payload_nests_at_most_64_levels_so_an_export_of_it_still_parses(cell:
     assert bundle.status_code == 200
     assert cell.admin.post("/admin/v1/tenants/acme/import", json={
         "epoch": 1, "bundle": bundle.json()}).status_code == 200
+
+
+@pytest.mark.parametrize("bundle", [
+    {"tenant": {"tenant_id": "acme", "plan": "no-such-plan"}},
+    {"tenant": {"tenant_id": "acme"}, "jobs": [{"job_id": "not-a-uuid"}]},
+    {"tenant": {"tenant_id": "acme"}, "wallet": {"available": "lots"}},
+    {"tenant": {"tenant_id": "acme", "max_running": 10**30}},
+])
+def test_a_malformed_bundle_is_refused_as_the_clients_fault(
+        cell: Cell, bundle: dict[str, object]) -> None:
+    """Values that reach a statement and are refused there (a bad uuid, a number out of
+    range, a missing column) are the request's fault: 4xx, and nothing is imported."""
+    answer = cell.admin.post("/admin/v1/tenants/acme/import", json={"epoch": 1, "bundle": bundle})
+    assert 400 <= answer.status_code < 500, answer.text
+    assert answer.json()["error"]["code"] in ("invalid_request", "invalid_bundle", "conflict")
+    assert fetch(cell.conninfo, "SELECT count(*) FROM tenants") == [(0,)]
