@@ -75,7 +75,7 @@ class TenantController:
             call_later=lambda delay, wake: asyncio.get_running_loop().call_later(delay, wake))
         self._failures: FailureLog[Key] = FailureLog()
         self._placing = asyncio.Lock()
-        self._provisioned: dict[TenantKey, tuple[int, str, int]] = {}
+        self._provisioned: dict[TenantKey, tuple[int, str, int, bool]] = {}
         self._announced: dict[Key, str] = {}
         self._loads_dirty: set[str] = set()
         self._parsed_cells: dict[str, tuple[str, CellSettings]] = {}
@@ -245,7 +245,9 @@ class TenantController:
                                 "tenant is provisioned there once it serves"))
             self._retries.later(key)
             return
-        applied = (tenant.generation, record.cell, record.epoch)
+        # The cell's URL policy too: tightened, the tenant's URLs are put to it again
+        # (and refused with a condition) rather than the tenant left Ready.
+        applied = (tenant.generation, record.cell, record.epoch, _allows_private(cell))
         secret_name = _secret_name(tenant)
         if self._provisioned.get(key) != applied:
             secret_name, api_key, webhook_secret = await self._ensure_secret(body, tenant, record)
@@ -717,6 +719,10 @@ def _cell_answer(error: CellApiError) -> str:
         return f"{refusal['message']} ({refusal['code']})"
     except (ValueError, KeyError, TypeError):
         return text
+
+
+def _allows_private(cell: dict[str, Any]) -> bool:
+    return bool(((cell.get("spec") or {}).get("driver") or {}).get("allowPrivateTargets"))
 
 
 def _secret_name(tenant: TenantSettings) -> str:
