@@ -14,9 +14,12 @@ import pytest
 from cellplane_operator.errors import ImageBuildError
 from cellplane_operator.localplane.images import (
     context_files,
+    etcd_reference,
     inputs_digest,
     write_single_file_archive,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _members(archive: Path) -> dict[str, bytes]:
@@ -96,3 +99,9 @@ def test_a_dockerignore_pattern_the_hash_cannot_follow_is_refused(tmp_path: Path
     (source / ".dockerignore").write_text("*\n!pkg/\ndocs\n")
     with pytest.raises(ImageBuildError, match="docs"):
         context_files(source)
+
+
+def test_the_etcd_image_is_tagged_with_the_pinned_etcd() -> None:
+    pinned = dict(line.split("=", 1) for line in (REPO / "hack" / "versions.env").read_text()
+                  .splitlines() if line and not line.startswith("#"))["ETCD_VERSION"]
+    assert etcd_reference(REPO) == f"localhost/cellplane/etcd:{pinned}"

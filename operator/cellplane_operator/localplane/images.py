@@ -9,6 +9,9 @@ with ``imagePullPolicy: Never`` (or IfNotPresent, the image being present):
 - ``localhost/cellplane-operator:<version of pyproject.toml>``: the repository's
   ``Dockerfile``, built by podman with chroot isolation (no daemon). It is the chart's
   image, and with PostgreSQL 15 and cellplane in it, the cells' and the router's too.
+- ``localhost/cellplane/etcd:<ETCD_VERSION>``: the etcd that hack/build-binaries.sh built
+  (static), alone in an image like the pause program: the ownership table's members can
+  run as Pods, one on each region's node, so that losing the region loses its member.
 
 Each image is saved as a docker-archive tar, ``<cache>/images/<name>.tar``, beside a
 stamp ``<name>.json`` that records its reference and the sha256 of everything it is
@@ -36,11 +39,12 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from cellplane_operator.errors import ImageBuildError
-from cellplane_operator.localplane.binaries import default_cache_dir
+from cellplane_operator.localplane.binaries import built_bin_dir, default_cache_dir
 
 __all__ = [
     "PAUSE_VERSION",
@@ -53,6 +57,8 @@ __all__ = [
     "operator_reference",
     "build_images",
     "build_pause_image",
+    "build_etcd_image",
+    "etcd_reference",
     "build_operator_image",
     "import_images",
     "context_files",
@@ -103,6 +109,14 @@ def images_dir(cache: Path | None = None) -> Path:
 
 def pause_reference() -> str:
     return f"localhost/cellplane/pause:{PAUSE_VERSION}"
+
+
+def etcd_reference(source: Path) -> str:
+    """``localhost/cellplane/etcd:<ETCD_VERSION of hack/versions.env>``."""
+    for line in (source / "hack" / "versions.env").read_text().splitlines():
+        if line.startswith("ETCD_VERSION="):
+            return f"localhost/cellplane/etcd:{line.split('=', 1)[1].strip()}"
+    raise ImageBuildError("hack/versions.env pins no ETCD_VERSION")
 
 
 def operator_reference(source: Path) -> str:
@@ -242,6 +256,25 @@ def build_pause_image(source: Path, directory: Path, say: Say) -> ImageArchive:
     return ImageArchive("pause", reference, archive, inputs)
 
 
+def build_etcd_image(source: Path, directory: Path, say: Say) -> ImageArchive:
+    """The pinned etcd, built static by hack/build-binaries.sh, alone in an image."""
+    reference = etcd_reference(source)
+    program = built_bin_dir() / "etcd"
+    if not os.access(program, os.X_OK):
+        raise ImageBuildError(f"{program} is missing: run bash hack/setup.sh")
+    inputs = inputs_digest(program.parent, [program], reference)
+    archive = directory / "etcd.tar"
+    if _up_to_date(directory, "etcd", reference, inputs):
+        say(f"{reference}: up to date ({archive})")
+        return ImageArchive("etcd", reference, archive, inputs)
+    # Root in the image: the pod's securityContext says who runs it.
+    write_single_file_archive(archive, reference=reference, program=program,
+                              path_in_image="/usr/local/bin/etcd", user="0:0")
+    _write_stamp(directory, "etcd", reference, inputs)
+    say(f"{reference}: packed ({archive})")
+    return ImageArchive("etcd", reference, archive, inputs)
+
+
 # --- the operator image ---------------------------------------------------------------
 
 def _ensure_base_image(podman: str, work: Path, say: Say) -> str:
@@ -325,7 +358,8 @@ def build_images(*, source: Path | None = None, cache: Path | None = None,
     root = source or source_root()
     directory = images_dir(cache)
     directory.mkdir(parents=True, exist_ok=True)
-    return [build_pause_image(root, directory, say), build_operator_image(root, directory, say)]
+    return [build_pause_image(root, directory, say), build_operator_image(root, directory, say),
+            build_etcd_image(root, directory, say)]
 
 
 def import_images(containerd_socket: Path, images: Sequence[ImageArchive], *,
@@ -374,8 +408,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     say: Say = lambda line: print(f"[images {time.strftime('%H:%M:%S')}] {line}", flush=True)
     try:
         images = build_images(say=say)
-        for socket in args.load:
-            import_images(socket, images, ctr=args.ctr, say=say)
+        # The nodes import at once: each reads the archives and unpacks on its own store.
+        with ThreadPoolExecutor(max_workers=max(1, len(args.load))) as pool:
+            for done in [pool.submit(import_images, socket, images, ctr=args.ctr, say=say)
+                         for socket in args.load]:
+                done.result()
     except ImageBuildError as error:
         print(f"images: {error}", file=sys.stderr)
         return 1
