@@ -78,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
                           help="clock margin of the placement election")
     operator.add_argument("--resync-seconds", type=float, default=30.0,
                           help="every Tenant and Cell is reconciled at least this often")
+    operator.add_argument("--kube-timeout-seconds", type=float,
+                          default=os.environ.get("CELLPLANE_KUBE_TIMEOUT_SECONDS", "10"),
+                          help="how long one request to the Kubernetes API may take "
+                               "(env CELLPLANE_KUBE_TIMEOUT_SECONDS)")
     operator.add_argument("--liveness", default=None,
                           help="serve kopf's liveness probe, e.g. http://127.0.0.1:8080/healthz")
     operator.add_argument("--metrics-host",
@@ -196,7 +200,8 @@ def _run_operator(args: argparse.Namespace) -> int:
     settings = OperatorSettings(
         region=args.region, etcd_endpoints=endpoints, state_dir=state_dir,
         namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
-        resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True)
+        resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True,
+        kube_timeout_seconds=args.kube_timeout_seconds)
     driver = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir)
     if args.metrics_port:
         from cellplane_operator.metrics import OPERATOR_REGISTRY

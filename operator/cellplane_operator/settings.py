@@ -24,6 +24,9 @@ class OperatorSettings:
     """Namespace of the operator's own Secrets (cell admin tokens)."""
     kubeconfig: Path | None = None
     """Kubeconfig to use; None: $KUBECONFIG, in-cluster, then ~/.kube/config."""
+    kube_timeout_seconds: float = 10.0
+    """How long one request to the Kubernetes API may take. Nothing on the path of a
+    failover waits on one (``runtime/kubewrites.py``)."""
     election: LeaseSettings = field(default_factory=LeaseSettings)
     """Lease of the placement election."""
     resync_seconds: float = 30.0

@@ -11,7 +11,10 @@ a planned switchover loses nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -25,6 +28,7 @@ from cellplane_operator.domain.reconciliation import ReconciliationReport
 from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.ownership import OwnershipTable
+from cellplane_operator.sites.reports import SiteReport, SiteReports
 from httpservers import RecordingServer
 from loadclient import Load
 from metricscrape import scrape, value
@@ -36,11 +40,16 @@ LEASE = {"durationSeconds": 3, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5
 SERVING = ("Ready", "Degraded")
 
 
+# A request to a paused apiserver waits this long, not the default 10 s: an operator that
+# waited on one before serving would not serve while the test keeps the apiserver paused.
+PATIENT_KUBE = {"CELLPLANE_KUBE_TIMEOUT_SECONDS": "600"}
+
+
 @pytest.fixture(scope="module")
 def plane(kube3: LocalControlPlane) -> Iterator[RegionPlane]:
     regions = RegionPlane(kube3, REGIONS)
     for region in REGIONS:
-        regions.start_operator(region, own_member=True, metrics=True)
+        regions.start_operator(region, own_member=True, metrics=True, env=PATIENT_KUBE)
     try:
         yield regions
     finally:
@@ -353,3 +362,90 @@ def test_a_move_whose_source_loses_its_region_copies_again_and_completes(
     assert missing <= {job.job_id for job in report.jobs}, missing
     assert db_rows(destination, "SELECT state FROM tenants WHERE tenant_id = %s",
                    tenant_id) == [("active",)]
+
+
+def _site_report(plane: RegionPlane, cell_name: str, region: str) -> SiteReport | None:
+    found: SiteReport | None = etcd(plane, lambda store: SiteReports(store).read(cell_name, region))
+    return found
+
+
+@contextlib.contextmanager
+def _apiserver_paused(plane: RegionPlane) -> Iterator[None]:
+    """The real kube-apiserver stopped by SIGSTOP: connections are accepted by the kernel and
+    never answered, as an apiserver lost or hung in the middle of a region loss."""
+    assert plane.kube.apiserver is not None and plane.kube.apiserver.process is not None
+    pid = plane.kube.apiserver.process.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_region_lost_while_the_apiserver_is_paused_is_served_and_routed_without_it(
+        plane: RegionPlane, router: str, target: RecordingServer) -> None:
+    """Issue #18 items 10 and 11: nothing from losing the lease to serving and routing waits
+    on Kubernetes, and what could not be written to it meanwhile is written once it is back:
+    the takeover in the Cell's status, its Event, the force-failover annotation removed."""
+    before = _cell(plane, "nokube-a1")
+    tenant_id, load = _loaded_tenant(plane, router, "initech", "nokube-a1", target)
+    # A person's standing order for the next loss: promote region-b whatever its lag.
+    plane.kube.kubectl("annotate", "cell", "nokube-a1", "cellplane.io/force-failover=region-b")
+    try:
+        load.wait_for(20)
+        with _apiserver_paused(plane):
+            plane.kill_region("region-a")
+            # Order, not time: all of this happens while the apiserver answers nothing. An
+            # operator that waited on it (an Event, a status) would not get here at all.
+            wait_for(lambda: (r := _site_report(plane, "nokube-a1", "region-b")) is not None
+                     and r.serving and (r.epoch or 0) > before["epoch"], timeout=120,
+                     what="region-b's site to serve nokube-a1 with the apiserver paused")
+            served = _site_report(plane, "nokube-a1", "region-b")
+            assert served is not None and served.took_over is not None
+            assert served.took_over.epoch == served.epoch
+            group = etcd(plane, lambda store: OwnershipTable(store).read_group("nokube-a1"))
+            assert group.owner is not None and group.owner.region == "region-b"
+            acknowledged = len(load.acknowledged)
+            load.wait_for(10, timeout=120)  # writes through the router reach region-b
+            assert len(load.acknowledged) > acknowledged
+    finally:
+        load.finish()
+    # The apiserver is back: the records made meanwhile are written, none lost.
+    status = plane.await_status("cell", "nokube-a1", _serves_from("region-b", before["epoch"]),
+                                timeout=120, what="status.lastTakeover written once the "
+                                                  "apiserver is back")
+    assert status["lastTakeover"]["epoch"] == served.epoch
+    assert status["lastTakeover"]["fromRegion"] == "region-a"
+    wait_for(lambda: "cellplane.io/force-failover" not in
+             ((plane.get("cell", "nokube-a1") or {})["metadata"].get("annotations") or {}),
+             timeout=60, what="the force-failover annotation removed")
+    wait_for(lambda: json.loads(plane.kube.kubectl(
+        "get", "events", "-n", "default", "--field-selector",
+        "involvedObject.name=nokube-a1,reason=TookOver", "-o", "json").stdout)["items"],
+        timeout=60, what="the TookOver Event posted")
+    assert _job_ids(cell_database(plane, "nokube-a1", "region-b"), tenant_id)
+    plane.restore_region("region-a")
+    _rebuilt(plane, "nokube-a1", status["epoch"])
+
+
+def test_an_operator_restarted_during_a_region_loss_still_promotes_a_streaming_standby(
+        plane: RegionPlane) -> None:
+    """Issue #18 item 12: what region-b's operator saw of its standby streaming outlives it,
+    so its successor, restarted a few seconds into the loss, promotes a standby that
+    streamed with no lag, as it would have, without a person forcing it."""
+    before = _cell(plane, "restart-a1")
+    plane.kill_region("region-a")
+    wait_for(lambda: (r := _site_report(plane, "restart-a1", "region-b")) is not None
+             and not r.streaming, timeout=60,
+             what="region-b's operator to see its standby cut off")
+    plane.operators["region-b"].stop()
+    plane.start_operator("region-b", own_member=True, metrics=True, env=PATIENT_KUBE,
+                         log_suffix="-restarted")
+    status = plane.await_status("cell", "restart-a1", _serves_from("region-b", before["epoch"]),
+                                timeout=120, what="region-b to take restart-a1 over")
+    assert status["lastTakeover"]["planned"] is False
+    assert condition(status, "Ready").get("reason") != "StandbyNeverStreamed"
+    plane.restore_region("region-a")
+    status = _rebuilt(plane, "restart-a1", status["epoch"])
+    assert _report(plane, "restart-a1", status["epoch"]).nothing_lost

@@ -9,9 +9,13 @@ from cellplane_operator.domain.failover import (
     Handover,
     SiteRole,
     StandbyWitness,
+    TakeoverRecord,
+    WitnessRecord,
     candidacy,
     lag_at_loss,
+    restored_witness,
     site_role,
+    witness_record,
     witnessed,
 )
 from cellplane_operator.domain.ownership import (
@@ -113,3 +117,60 @@ def test_records_round_trip() -> None:
     assert ActiveSite.decode(active.encode()) == active
     handover = Handover(A, B, "c@region-b", 6, "0/3000028")
     assert Handover.decode(handover.encode()) == handover
+
+
+# -- the witness across an operator restart (issue #18 item 12) ---------------------------
+
+LEASE = 10.0
+
+
+def _kept_and_restored(witness: StandbyWitness, *, written_at: float, restarted_at: float,
+                       wall_offset: float = 1_000_000.0) -> StandbyWitness:
+    """Written by one process at monotonic ``written_at``, read by its successor whose
+    monotonic clock reads ``restarted_at`` (same machine: one wall clock)."""
+    record = witness_record(witness, monotonic_now=written_at, wall_now=written_at + wall_offset)
+    return restored_witness(WitnessRecord.decode(record.encode()), monotonic_now=restarted_at,
+                            wall_now=restarted_at + wall_offset)
+
+
+def test_a_standby_that_streamed_until_its_primary_died_is_promoted_after_a_restart() -> None:
+    # Streamed with no lag until 100 (the primary died there), seen cut off at 101; the
+    # operator restarted at 103; the owner key expired at 110 (last renewal ~100).
+    witness = witnessed(StandbyWitness(), now=100.0, streaming=True, lag_seconds=0.0)
+    witness = witnessed(witness, now=101.0, streaming=False, lag_seconds=None)
+    restored = _kept_and_restored(witness, written_at=101.0, restarted_at=103.0)
+    lag = lag_at_loss(restored, now=112.0, owner_gone_at=110.0, lease_seconds=LEASE)
+    assert lag == pytest.approx(0.0)
+    assert candidacy(my_region=B, active_region=A, automatic=True, forced_region=None,
+                     lag_seconds=lag, max_lag_seconds=5.0).compete
+
+
+def test_without_the_record_a_restarted_standby_never_streamed() -> None:
+    lag = lag_at_loss(restored_witness(None, monotonic_now=5.0, wall_now=5.0), now=12.0,
+                      owner_gone_at=10.0, lease_seconds=LEASE)
+    assert lag is None
+    assert candidacy(my_region=B, active_region=A, automatic=True, forced_region=None,
+                     lag_seconds=lag, max_lag_seconds=5.0).refusal == "StandbyNeverStreamed"
+
+
+def test_streaming_is_not_assumed_past_the_last_reading_that_saw_it() -> None:
+    # Last written while streaming at 100; the primary kept writing until its last renewal
+    # at ~120 (key gone at 130): the restarted operator must count those 20 s as lag.
+    witness = witnessed(StandbyWitness(), now=100.0, streaming=True, lag_seconds=0.5)
+    restored = _kept_and_restored(witness, written_at=100.0, restarted_at=125.0)
+    lag = lag_at_loss(restored, now=131.0, owner_gone_at=130.0, lease_seconds=LEASE)
+    assert lag == pytest.approx(20.5)
+
+
+def test_a_record_dated_after_now_proves_nothing() -> None:
+    record = WitnessRecord(last_streaming_at=2_000.0, lag_while_streaming=0.0,
+                           not_streaming_since=None)
+    assert restored_witness(record, monotonic_now=50.0, wall_now=1_000.0) == StandbyWitness()
+
+
+def test_the_takeover_record_is_what_the_status_shows() -> None:
+    record = TakeoverRecord(epoch=3, from_region=A, to_region=B, planned=False, seconds=5.1234,
+                            promoted_in=0.4, at="2026-12-02T18:00:00Z")
+    assert record.to_status() == {"epoch": 3, "fromRegion": A, "toRegion": B, "planned": False,
+                                  "seconds": 5.123, "at": "2026-12-02T18:00:00Z"}
+    assert "after a takeover from region-a" in record.event_message("c@region-b")

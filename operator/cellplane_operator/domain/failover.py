@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 __all__ = ["ActiveSite", "Handover", "SiteRole", "site_role", "StandbyWitness", "witnessed",
-           "lag_at_loss", "Candidacy", "candidacy", "FORCE_FAILOVER", "SWITCHOVER_TO"]
+           "lag_at_loss", "Candidacy", "candidacy", "FORCE_FAILOVER", "SWITCHOVER_TO",
+           "TakeoverRecord", "WitnessRecord", "witness_record", "restored_witness"]
 
 FORCE_FAILOVER = "cellplane.io/force-failover"
 """Cell annotation naming the region whose standby is promoted whatever its lag."""
@@ -76,6 +77,34 @@ class Handover:
                    caught_up_lsn=str(body["caughtUpLsn"]))
 
 
+@dataclass(frozen=True)
+class TakeoverRecord:
+    """A site that took the epoch from another, once it serves: the Cell's
+    ``status.lastTakeover`` and the ``TookOver`` Event say it. Kept in the new primary's
+    site report in etcd until the status shows it, so that neither an apiserver that was
+    away nor an operator restart loses it (issue #18)."""
+
+    epoch: int
+    from_region: str | None
+    to_region: str
+    planned: bool
+    seconds: float
+    """From the previous owner's end (as this site saw it) to serving."""
+    promoted_in: float
+    at: str
+    """When it served, as the Cell's status writes times (UTC, seconds)."""
+
+    def to_status(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "fromRegion": self.from_region, "toRegion": self.to_region,
+                "planned": self.planned, "seconds": round(self.seconds, 3), "at": self.at}
+
+    def event_message(self, site: str) -> str:
+        how = "switchover" if self.planned else "takeover"
+        return (f"{site} serves the cell under epoch {self.epoch} after a {how} from "
+                f"{self.from_region}: {self.seconds:.2f}s from the previous owner's end "
+                f"(promotion {self.promoted_in:.2f}s)")
+
+
 class SiteRole(str, Enum):
     PRIMARY = "primary"
     """This site holds or competes for the epoch and serves the cell."""
@@ -121,6 +150,68 @@ def witnessed(witness: StandbyWitness, *, now: float, streaming: bool,
     if witness.not_streaming_since is None:
         return replace(witness, not_streaming_since=now)
     return witness
+
+
+@dataclass(frozen=True)
+class WitnessRecord:
+    """A ``StandbyWitness`` on the wall clock, kept where the region's next operator finds it.
+
+    The witness lives in the operator's memory, on its monotonic clock; an operator
+    restarted during a region loss knew nothing of its standby and refused to promote
+    one that had streamed with no lag (issue #18). The record is written by the
+    region's operator and read only by its successor on the same state directory
+    (the same machine), so the two wall-clock readings compared are one clock's.
+    """
+
+    last_streaming_at: float | None
+    """POSIX seconds."""
+    lag_while_streaming: float
+    not_streaming_since: float | None
+
+    def encode(self) -> bytes:
+        return json.dumps({"lastStreamingAt": self.last_streaming_at,
+                           "lagWhileStreaming": self.lag_while_streaming,
+                           "notStreamingSince": self.not_streaming_since}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> WitnessRecord:
+        body = json.loads(raw)
+        return cls(last_streaming_at=_seconds(body.get("lastStreamingAt")),
+                   lag_while_streaming=float(body.get("lagWhileStreaming") or 0.0),
+                   not_streaming_since=_seconds(body.get("notStreamingSince")))
+
+
+def _seconds(value: object) -> float | None:
+    return None if value is None else float(str(value))
+
+
+def witness_record(witness: StandbyWitness, *, monotonic_now: float,
+                   wall_now: float) -> WitnessRecord:
+    def wall(moment: float | None) -> float | None:
+        return None if moment is None else wall_now - (monotonic_now - moment)
+
+    return WitnessRecord(last_streaming_at=wall(witness.last_streaming_at),
+                         lag_while_streaming=witness.lag_while_streaming,
+                         not_streaming_since=wall(witness.not_streaming_since))
+
+
+def restored_witness(record: WitnessRecord | None, *, monotonic_now: float,
+                     wall_now: float) -> StandbyWitness:
+    """What a restarted operator may still claim from its predecessor's record, under the
+    rule of ``lag_at_loss``: streaming is never assumed past the last reading that saw it,
+    so a record that says "streaming at T" is read as "cut off since T" (the primary's
+    writes after T count as lag) until this process sees the standby stream itself. A
+    record dated after now (the clock was set back) proves nothing: as if it never streamed.
+    """
+    if record is None or record.last_streaming_at is None:
+        return StandbyWitness()
+    cut_off = (record.not_streaming_since if record.not_streaming_since is not None
+               else record.last_streaming_at)
+    if max(record.last_streaming_at, cut_off) > wall_now:
+        return StandbyWitness()
+    return StandbyWitness(last_streaming_at=monotonic_now - (wall_now - record.last_streaming_at),
+                          lag_while_streaming=record.lag_while_streaming,
+                          not_streaming_since=monotonic_now - (wall_now - cut_off))
 
 
 def lag_at_loss(witness: StandbyWitness, *, now: float, owner_gone_at: float | None,

@@ -25,6 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -42,9 +45,13 @@ from cellplane_operator.domain.failover import (
     Candidacy,
     SiteRole,
     StandbyWitness,
+    TakeoverRecord,
+    WitnessRecord,
     candidacy,
     lag_at_loss,
+    restored_witness,
     site_role,
+    witness_record,
     witnessed,
 )
 from cellplane_operator.domain.conditions import find_condition
@@ -59,6 +66,7 @@ from cellplane_operator.ownership.holder import HolderIdentity
 from cellplane_operator.ownership.table import GroupView
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.handover import PlannedHandover
+from cellplane_operator.runtime.kubewrites import PendingWrites
 from cellplane_operator.runtime.retire import OldPrimaryRetirement
 from cellplane_operator.runtime.specs import CellSettings
 from cellplane_operator.sites.base import DatabaseEndpoint, ServingSpec, SiteHealth, SiteKey
@@ -93,7 +101,16 @@ class CellSiteRunner:
         self._witness = StandbyWitness()
         self._refusal_said: tuple[int, str] | None = None
         self._takeover: dict[str, Any] | None = None
-        """Set by ``start_acting`` when this site took the epoch from another; said once serving."""
+        """Set by ``start_acting`` when this site took the epoch from another; made a record
+        (``_took_over``) once serving."""
+        self._took_over: TakeoverRecord | None = None
+        """The takeover that gave this site its epoch: in the Cell's status (``lastTakeover``)
+        and in this site's report in etcd, where a restarted operator finds it again."""
+        self._took_over_said: int | None = None
+        self._kube_writes = PendingWrites(self.site.name)
+        """Status and annotations, written beside the site's work: nothing from losing a
+        lease to serving and routing waits on the Kubernetes API (issue #18)."""
+        self._restored = False
         self._serving_epoch: int | None = None
         self._serving_workers: int | None = None
         self._granted_epoch: int | None = None
@@ -138,6 +155,7 @@ class CellSiteRunner:
             takeover_delay_seconds=self.cell.failover_delay_seconds,
             adopt_own_lease=self._ctx.settings.adopt_leases, on_group_read=self._group_read)
         holder = asyncio.create_task(self._holder.run(stop), name=f"lease-{self.site.name}")
+        writes = asyncio.create_task(self._kube_writes.run(stop), name=f"kube-{self.site.name}")
         try:
             while not stop.is_set():
                 # Cleared before the step, not before the pause: a wake-up that comes
@@ -153,6 +171,9 @@ class CellSiteRunner:
         finally:
             with contextlib.suppress(asyncio.CancelledError):
                 await holder
+            writes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writes
             if not self._detaching:
                 with contextlib.suppress(CellplaneError):
                     await self._holder.release()
@@ -173,6 +194,8 @@ class CellSiteRunner:
         group = self._group
         if group is None:
             return  # etcd not read yet: nothing may start before we know who is active
+        if not self._restored:
+            await self._restore()
         holder = self.holder
         holder.takeover_delay_seconds = self.cell.failover_delay_seconds
         database_role = await self._ctx.driver.database_role(self.site)
@@ -195,6 +218,54 @@ class CellSiteRunner:
             await self._retire_step(group)
         else:
             await self._standby_step(group)
+
+    async def _restore(self) -> None:
+        """What this region's previous operator knew of the site and only it: what it saw of
+        its standby streaming (the witness file) and the takeover it made (its site report
+        in etcd, until the Cell's status shows it)."""
+        try:
+            own = await self._ctx.reports.read(self.cell.name, self._ctx.region)
+        except CellplaneError as error:
+            log.warning("%s: cannot read this site's last report: %s", self.site.name, error)
+            return
+        self._restored = True
+        if own is not None and own.took_over is not None and own.epoch == own.took_over.epoch:
+            self._took_over = own.took_over
+            self._took_over_said = None
+        try:
+            record = WitnessRecord.decode(self._witness_file.read_bytes())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as error:
+            log.warning("%s: ignoring the standby witness %s: %s", self.site.name,
+                        self._witness_file, error)
+            return
+        self._witness = restored_witness(record, monotonic_now=self._ctx.clock.monotonic(),
+                                         wall_now=self._ctx.clock.now().timestamp())
+        log.info("%s: the previous operator saw this standby streaming (lag %.1fs) until %s",
+                 self.site.name, record.lag_while_streaming,
+                 record.not_streaming_since or record.last_streaming_at)
+
+    @property
+    def _witness_file(self) -> Path:
+        return Path(self._ctx.settings.state_dir) / "witness" / f"{self.site.name}.json"
+
+    def _keep_witness(self, witness: StandbyWitness) -> None:
+        """Written at each change (a rename: never half a file), so that an operator
+        restarted during a region loss judges the standby as this one would have."""
+        if witness == self._witness:
+            return
+        self._witness = witness
+        record = witness_record(witness, monotonic_now=self._ctx.clock.monotonic(),
+                                wall_now=self._ctx.clock.now().timestamp())
+        path = self._witness_file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_bytes(record.encode())
+            os.replace(temporary, path)
+        except OSError as error:
+            log.warning("%s: cannot keep the standby witness: %s", self.site.name, error)
 
     def _active(self, group: GroupView) -> ActiveSite | None:
         """The active site; our own holder's word first, since the group it last read may
@@ -228,13 +299,20 @@ class CellSiteRunner:
             # the standby this site was runs without workers until start_serving adds them.
             health = await self._start_serving(epoch, token) or health
         serving = health.serving and epoch is not None and health.epoch == epoch
+        if serving and epoch is not None:
+            self._record_takeover(epoch)
+        # Published first, and nothing before it waits on Kubernetes: this is what the
+        # routers follow. Status and Events are written beside it (``_kube_writes``).
         await self._publish(SiteReport(
             role="primary", site=self.site.name, database=self._database,
             endpoints=health.endpoints, serving=serving, epoch=epoch,
-            message=self._problem))
+            message=self._problem, took_over=self._current_takeover()))
         await self._report_cell_status(health, serving)
         if serving and epoch is not None:
-            await self._announce_takeover(epoch)
+            # A request naming this region is done once it serves; left standing, a forced
+            # failover would keep this standby's lag out of every later decision.
+            self.remove_annotations([key for key in (FORCE_FAILOVER, SWITCHOVER_TO)
+                                      if self.annotation(key) == self._ctx.region])
             target = self.annotation(SWITCHOVER_TO)
             if target is not None and target != self._ctx.region:
                 await self._handover.run(target, epoch, group)
@@ -356,33 +434,41 @@ class CellSiteRunner:
                               f"{self.site.name} serve under epoch {epoch}")
         return await self._check()
 
-    async def _announce_takeover(self, epoch: int) -> None:
-        """Once, when a site that took the epoch from another serves: status, Event, and
-        the one-shot annotations that asked for it removed."""
+    def _record_takeover(self, epoch: int) -> None:
+        """Once, when a site that took the epoch from another serves: the record the Cell's
+        status and an Event carry (written by ``_report_cell_status``, when they can be)."""
         takeover, self._takeover = self._takeover, None
         if takeover is None:
             return
         seconds = self._ctx.clock.monotonic() - takeover["since"]
         takeover_served(self.cell.name, self._ctx.region, planned=bool(takeover["planned"]),
                         seconds=seconds, promoted_in=float(takeover["promotedIn"]))
-        record = {"epoch": epoch, "fromRegion": takeover["fromRegion"],
-                  "toRegion": self._ctx.region, "planned": takeover["planned"],
-                  "seconds": round(seconds, 3), "at": _timestamp(self._ctx.clock.now())}
-        how = "switchover" if takeover["planned"] else "takeover"
-        await self._ctx.event(self._body, "Normal", "TookOver",
-                              f"{self.site.name} serves the cell under epoch {epoch} after a "
-                              f"{how} from {takeover['fromRegion']}: {seconds:.2f}s from the "
-                              f"previous owner's end (promotion {takeover['promotedIn']:.2f}s)")
-        patch: dict[str, Any] = {"status": {"lastTakeover": record}}
-        try:
-            await self._ctx.kube.patch(CELLS, self.cell.name, patch, subresource="status")
-            annotations = {key: None for key in (FORCE_FAILOVER, SWITCHOVER_TO)
-                           if self.annotation(key) is not None}
-            if annotations:
-                await self._ctx.kube.patch(CELLS, self.cell.name,
-                                           {"metadata": {"annotations": annotations}})
-        except CellplaneError as error:
-            log.warning("%s: could not record the takeover: %s", self.site.name, error)
+        self._took_over = TakeoverRecord(
+            epoch=epoch, from_region=takeover["fromRegion"], to_region=self._ctx.region,
+            planned=bool(takeover["planned"]), seconds=seconds,
+            promoted_in=float(takeover["promotedIn"]), at=_timestamp(self._ctx.clock.now()))
+
+    def _current_takeover(self) -> TakeoverRecord | None:
+        record = self._took_over
+        return record if record is not None and record.epoch == self._epoch else None
+
+    async def _said_took_over(self, record: TakeoverRecord) -> None:
+        """The status shows the takeover: its Event, and the one-shot annotations that
+        asked for it removed."""
+        if self._took_over_said == record.epoch:
+            return
+        self._took_over_said = record.epoch
+        await self._ctx.event(self._body, "Normal", "TookOver", record.event_message(self.site.name))
+        self.remove_annotations([FORCE_FAILOVER, SWITCHOVER_TO])
+
+    def remove_annotations(self, keys: list[str]) -> None:
+        """Removes these of the Cell's annotations, beside the site's work (retried)."""
+        present = {key: None for key in keys if self.annotation(key) is not None}
+        if not present:
+            return
+        patch: dict[str, Any] = {"metadata": {"annotations": present}}
+        self._kube_writes.offer(
+            "annotations", lambda: self._ctx.kube.patch(CELLS, self.cell.name, patch))
 
     async def _report_cell_status(self, health: SiteHealth, serving: bool) -> None:
         others = tuple(r for r in self.cell.site_regions if r != self._ctx.region)
@@ -410,19 +496,30 @@ class CellSiteRunner:
             fence_in_force=self._grant.fenced_by if self._grant is not None else None)
         status = plan_cell_status(observed, current_conditions=current.get("conditions") or [],
                                   now=self._ctx.clock.now())
+        took_over = self._current_takeover()
+        if took_over is not None:
+            # Level-triggered: in every status of this epoch, so a write that failed (the
+            # apiserver away) is made again, and a restarted operator makes it too.
+            status["lastTakeover"] = took_over.to_status()
         now = self._ctx.clock.monotonic()
         if status == self._last_status:
             return
         if (self._last_status is not None and _without_lag(status) == _without_lag(self._last_status)
                 and now - self._last_status_at < _STATUS_REFRESH_SECONDS):
             return
-        before = current.get("phase")
+        before = (self._last_status or current).get("phase")
         recorded = find_condition(self._last_status or current, "Fenced")
-        if await self._write_status(status):
-            self._last_status, self._last_status_at = status, now
-            said = fence_event(recorded, find_condition(status, "Fenced"), cell=self.cell.name)
-            if said is not None:
-                await self._ctx.event(self._body, said.type, said.reason, said.message)
+        shown = (current.get("lastTakeover") or {}).get("epoch")
+
+        async def written() -> None:
+            if took_over is not None and shown != took_over.epoch:
+                await self._said_took_over(took_over)
+
+        self._offer_status(status, then=written)
+        self._last_status, self._last_status_at = status, now
+        said = fence_event(recorded, find_condition(status, "Fenced"), cell=self.cell.name)
+        if said is not None:
+            await self._ctx.event(self._body, said.type, said.reason, said.message)
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         # A fence a person put on has its own Fenced / Unfenced Events (above).
         if status["phase"] != before and ready["reason"] != "FencedByUser":
@@ -430,14 +527,14 @@ class CellSiteRunner:
                                   ("Degraded", "Fenced") else "Normal",
                                   f"Phase{status['phase']}", ready["message"])
 
-    async def _write_status(self, status: dict[str, Any]) -> bool:
-        try:
-            await self._ctx.kube.patch(CELLS, self.cell.name, {"status": status},
-                                       subresource="status")
-            return True
-        except CellplaneError as error:
-            log.warning("%s: cannot write the cell's status: %s", self.site.name, error)
-            return False
+    def _offer_status(self, status: dict[str, Any], *,
+                      then: Callable[[], Awaitable[None]] | None = None) -> None:
+        """The Cell's status as this site sees it now, written when the apiserver takes it
+        (a later one replaces it if it was not written yet); ``then`` runs once it was."""
+        patch = {"status": status}
+        self._kube_writes.offer(
+            "status", lambda: self._ctx.kube.patch(CELLS, self.cell.name, patch,
+                                                   subresource="status"), then=then)
 
     # -- standby ---------------------------------------------------------------
 
@@ -484,8 +581,9 @@ class CellSiteRunner:
         if health.restarted:
             await self._ctx.event(self._body, "Warning", "ProcessRestarted",
                                   f"{self.site.name}: restarted {', '.join(health.restarted)}")
-        self._witness = witnessed(self._witness, now=self._ctx.clock.monotonic(),
-                                  streaming=health.streaming, lag_seconds=health.replay_lag_seconds)
+        self._keep_witness(witnessed(self._witness, now=self._ctx.clock.monotonic(),
+                                     streaming=health.streaming,
+                                     lag_seconds=health.replay_lag_seconds))
         standby_observed(self.cell.name, self._ctx.region, streaming=health.streaming,
                          lag_seconds=health.replay_lag_seconds)
         message = "" if health.streaming else f"not streaming from the primary in {active_region}"
@@ -512,9 +610,13 @@ class CellSiteRunner:
             generation=int(self._body["metadata"].get("generation", 0)),
             reason=decision.refusal, message=decision.message,
             current_conditions=current.get("conditions") or [], now=self._ctx.clock.now())
-        if await self._write_status(status):
-            self._refusal_said = said
-            await self._ctx.event(self._body, "Warning", "FailoverRefused", decision.message)
+
+        async def written() -> None:
+            if self._refusal_said != said:
+                self._refusal_said = said
+                await self._ctx.event(self._body, "Warning", "FailoverRefused", decision.message)
+
+        self._offer_status(status, then=written)
 
     # -- old primary -------------------------------------------------------------
 
@@ -572,6 +674,7 @@ class CellSiteRunner:
             await self._ctx.driver.destroy(self.site)
         with contextlib.suppress(CellplaneError):
             await self._ctx.reports.withdraw(self.cell.name, self._ctx.region)
+        self._witness_file.unlink(missing_ok=True)
 
 
 def _timestamp(moment: Any) -> str:

@@ -13,6 +13,7 @@ from cellplane_operator.clock import Clock
 from cellplane_operator.errors import CellplaneError, KubeApiError, KubeConflictError
 from cellplane_operator.kube import NAMESPACES, SECRETS, KubeClient, Resource
 from cellplane_operator.runtime.cache import ObjectCache
+from cellplane_operator.runtime.kubewrites import EventSender
 from cellplane_operator.settings import OperatorSettings
 from cellplane_operator.sites.base import SiteDriver
 from cellplane_operator.sites.reports import SiteReports
@@ -37,6 +38,13 @@ class RegionContext:
     cache: ObjectCache
     reports: SiteReports
     _admin_tokens: dict[str, str] = field(default_factory=dict)
+    _events: EventSender | None = None
+
+    @property
+    def events(self) -> EventSender:
+        if self._events is None:
+            self._events = EventSender(self.kube, component=f"{COMPONENT}/{self.region}")
+        return self._events
 
     @property
     def region(self) -> str:
@@ -44,14 +52,18 @@ class RegionContext:
 
     async def event(self, involved: dict[str, Any], type_: Literal["Normal", "Warning"],
                     reason: str, message: str) -> None:
-        """Best effort: an Event that cannot be posted is logged, never fatal."""
+        """Logged, and handed to the Event sender: nothing waits on the apiserver for an
+        Event (``runtime/kubewrites.py``); one it cannot post now is posted when it can.
+
+        Still a coroutine, so that callers need not know how it is sent."""
         log.info("%s %s/%s: %s: %s", type_, involved.get("kind"),
                  (involved.get("metadata") or {}).get("name"), reason, message)
-        try:
-            await self.kube.event(involved, type_=type_, reason=reason, message=message,
-                                  component=f"{COMPONENT}/{self.region}", now=self.clock.now())
-        except KubeApiError as error:
-            log.warning("could not post event %s: %s", reason, error)
+        self.events.record(involved, type_, reason, message, at=self.clock.now())
+
+    async def close(self) -> None:
+        """Stops the Event sender (Events not posted by now are dropped)."""
+        if self._events is not None:
+            await self._events.close()
 
     async def ensure_finalizer(self, resource: Resource, body: dict[str, Any], name: str) -> None:
         finalizers = list(body["metadata"].get("finalizers") or [])

@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from cellplane_operator.domain.failover import SWITCHOVER_TO, Handover
 from cellplane_operator.domain.ownership import database_grant
 from cellplane_operator.errors import CellplaneError
-from cellplane_operator.kube import CELLS
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.sites.base import DatabaseEndpoint
 
@@ -123,7 +122,7 @@ class PlannedHandover:
         message = (f"{target} had not replayed {lsn} after {CATCH_UP_TIMEOUT_SECONDS:g}s: "
                    f"switchover aborted, {ctx.region} serves again under epoch {epoch}")
         await ctx.event(runner.body, "Warning", "SwitchoverAborted", message)
-        await _remove_annotation(ctx, runner.cell.name)
+        runner.remove_annotations([SWITCHOVER_TO])
 
 
 async def _replayed(database: DatabaseEndpoint, lsn: str, timeout: float) -> bool:
@@ -140,11 +139,3 @@ async def _replayed(database: DatabaseEndpoint, lsn: str, timeout: float) -> boo
     except psycopg.Error as error:
         log.warning("could not follow the standby's replay: %s", error)
     return False
-
-
-async def _remove_annotation(ctx: RegionContext, cell: str) -> None:
-    patch: dict[str, Any] = {"metadata": {"annotations": {SWITCHOVER_TO: None}}}
-    try:
-        await ctx.kube.patch(CELLS, cell, patch)
-    except CellplaneError as error:
-        log.warning("could not remove %s from cell %s: %s", SWITCHOVER_TO, cell, error)

@@ -55,8 +55,10 @@ class RegionRuntime:
                           attempt_timeout=timeout / 2)
         cache = ObjectCache()
         clock = SystemClock()
+        kube = KubeClient(KubeConfig.load(settings.kubeconfig),
+                          timeout_seconds=settings.kube_timeout_seconds)
         self.ctx = RegionContext(
-            settings=settings, store=store, kube=KubeClient(KubeConfig.load(settings.kubeconfig)),
+            settings=settings, store=store, kube=kube,
             driver=self._driver, clock=clock, cells=CellAdminClient(), cache=cache,
             reports=SiteReports(store))
         member = settings.member or f"{settings.region}-{os.getpid()}"
@@ -138,6 +140,7 @@ class RegionRuntime:
         site_tasks = [task for _, _, task in self._sites.values()]
         await asyncio.gather(*site_tasks, *self._tasks, return_exceptions=True)
         if self.ctx is not None:
+            await self.ctx.close()
             await self.ctx.cells.close()
             await self.ctx.kube.close()
             await self.ctx.store.close()

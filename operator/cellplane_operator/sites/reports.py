@@ -1,7 +1,8 @@
 """Site reports in etcd: what each region's operator sees of its site of a cell.
 
     /cellplane/cells/<cell>/sites/<region>  {"role", "site", "database", "endpoints", "serving",
-                                            "epoch", "streaming", "lagSeconds", "message"}
+                                            "epoch", "streaming", "lag_seconds", "message",
+                                            "took_over"}
 
 The owner of the cell reads the standbys' reports to write the Cell's status;
 a standby region reads the primary's report to find the database it streams
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from cellplane_operator.domain.failover import TakeoverRecord
 from cellplane_operator.sites.base import DatabaseEndpoint, SiteEndpoints
 from cellplane_operator.store import EtcdStore
 
@@ -33,6 +35,8 @@ class SiteReport:
     streaming: bool = False
     lag_seconds: float | None = None
     message: str = ""
+    took_over: TakeoverRecord | None = None
+    """A primary's: the takeover that gave it its epoch (until the Cell's status shows it)."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -45,7 +49,9 @@ class SiteReport:
         return cls(role=body["role"], site=body["site"], database=database, endpoints=endpoints,
                    serving=bool(body.get("serving")), epoch=body.get("epoch"),
                    streaming=bool(body.get("streaming")), lag_seconds=body.get("lag_seconds"),
-                   message=str(body.get("message") or ""))
+                   message=str(body.get("message") or ""),
+                   took_over=TakeoverRecord(**body["took_over"]) if body.get("took_over")
+                   else None)
 
 
 class SiteReports:
