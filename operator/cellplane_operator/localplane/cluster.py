@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -57,6 +56,7 @@ from cellplane_operator.localplane.netns import (
     set_link,
 )
 from cellplane_operator.localplane.node import NodePrograms, WorkerNode, placed_argv
+from cellplane_operator.localplane.nodeimages import copy_root, seed_root
 from cellplane_operator.localplane.pki import issue_client_certificate, make_apiserver_pki
 from cellplane_operator.localplane.ports import free_port
 from cellplane_operator.localplane.process import ManagedProcess, tail, wait_for
@@ -486,23 +486,17 @@ class LocalCluster:
                 logs=self.logs_dir)
             worker.write_config()
             self.nodes[node.region] = worker
+        if self.images:
+            seed = seed_root(self.images, containerd=self.programs.node.containerd,
+                             ctr=self.programs.node.ctr, say=self.say)
+            for worker in self.nodes.values():
+                copy_root(seed, worker.containerd_root)
         for worker in self.nodes.values():
             self._start_node_containerd(worker, timeout)
-        _in_parallel([lambda worker=worker: self._import_images(worker)  # type: ignore[misc]
-                      for worker in self.nodes.values()])
 
     def _start_node_containerd(self, worker: WorkerNode, timeout: float) -> None:
         process = worker.start_containerd()
         process.wait_until(worker.containerd_ready, timeout=timeout, what="containerd socket")
-
-    def _import_images(self, worker: WorkerNode) -> None:
-        if not self.images:
-            return
-        from cellplane_operator.localplane.images import import_images
-
-        import_images(worker.containerd_socket, list(self.images),
-                      ctr=str(self.programs.node.ctr),
-                      say=lambda line: self.say(f"{worker.node.region}: {line}"))
 
     def _start_kubelets(self) -> None:
         for worker in self.nodes.values():
@@ -622,24 +616,6 @@ class LocalCluster:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.stop(remove=kind is None and not os.environ.get("CELLPLANE_KEEP_RUN_DIR"))
-
-
-def _in_parallel(calls: Sequence[Callable[[], None]]) -> None:
-    errors: list[BaseException] = []
-
-    def run(call: Callable[[], None]) -> None:
-        try:
-            call()
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
 
 
 def _coredns_rbac() -> list[dict[str, Any]]:

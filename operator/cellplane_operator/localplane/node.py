@@ -82,6 +82,10 @@ class WorkerNode:
         return self.dir / "containerd" / "containerd.sock"
 
     @property
+    def containerd_root(self) -> Path:
+        return self.dir / "containerd" / "root"
+
+    @property
     def volumes_dir(self) -> Path:
         return self.dir / "volumes"
 
@@ -91,7 +95,7 @@ class WorkerNode:
 
     def write_config(self) -> None:
         """Every configuration file of the node, written once; a restart reuses them."""
-        for sub in ("containerd/root", "containerd/state", "kubelet", "cni/net.d", "cni/ipam",
+        for sub in ("containerd/state", "kubelet", "cni/net.d", "cni/ipam",
                     "volumes"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "containerd" / "config.toml").write_text(self._containerd_config())
@@ -108,7 +112,7 @@ class WorkerNode:
     def _containerd_config(self) -> str:
         containerd = self.dir / "containerd"
         return f"""version = 2
-root = "{containerd / 'root'}"
+root = "{self.containerd_root}"
 state = "{self._state_dir}"
 oom_score = 0
 
