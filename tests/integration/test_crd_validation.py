@@ -3,15 +3,23 @@ fill in the same defaults as the v1alpha1 models."""
 
 from __future__ import annotations
 
+import copy
 import json
+import math
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+from pydantic import ValidationError
 
-from cellplane_cells.domain.plans import PLAN_CEILINGS
-from cellplane_operator.api import v1alpha1
+from cellplane_cells.domain.plans import PLAN_CEILINGS, Plan
+from cellplane_operator.api import crdgen, v1alpha1
 from cellplane_operator.api.base import ApiModel
+from cellplane_operator.api.quota_rules import QUOTA_FIELDS
+from cellplane_operator.kube import KubeConfig
 from cellplane_operator.localplane import LocalControlPlane
+from cellplane_operator.runtime.specs import CellSettings, TenantSettings
 
 NAMESPACE = "default"
 KINDS: dict[str, tuple[str, bool]] = {  # kind -> (resource, namespaced)
@@ -106,6 +114,12 @@ CELL_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                        ("spec.failover.failoverDelaySeconds: Invalid value: 3601",)),
     "failover-lag": (cell_spec(failover={"maxStandbyLagSeconds": -1}),
                      ("spec.failover.maxStandbyLagSeconds: Invalid value: -1",)),
+    "renewal-integer-zero": (cell_spec(lease={"renewIntervalSeconds": 0}),
+                             ("spec.lease.renewIntervalSeconds: Invalid value",
+                              "must be greater than or equal to 0.1")),
+    "margin-integer-zero": (cell_spec(lease={"marginSeconds": 0}),
+                            ("spec.lease.marginSeconds: Invalid value",
+                             "must be greater than or equal to 0.1")),
     "lease-too-short": (cell_spec(lease={"durationSeconds": 1}),
                         ("spec.lease.durationSeconds: Invalid value: 1",)),
     "lease-margin": (cell_spec(lease={"durationSeconds": 5, "marginSeconds": 5}),
@@ -147,7 +161,11 @@ TENANT_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "negative-running": (tenant_spec(quotas={"maxRunningJobs": -1}),
                          ("spec.quotas.maxRunningJobs: Invalid value: -1",)),
     "zero-rate": (tenant_spec(quotas={"jobsPerSecond": 0}),
-                  ("spec.quotas.jobsPerSecond: Invalid value: 0", "greater than 0")),
+                  ("spec.quotas.jobsPerSecond: Invalid value: 0",
+                   "greater than or equal to 0.001")),
+    "rate-under-the-cells-floor": (tenant_spec(quotas={"jobsPerSecond": 1e-10}),
+                                   ("spec.quotas.jobsPerSecond: Invalid value",
+                                    "greater than or equal to 0.001")),
     "zero-burst": (tenant_spec(quotas={"burst": 0}), ("spec.quotas.burst: Invalid value: 0",)),
     "negative-spend": (tenant_spec(plan="enterprise", quotas={"dailySpendLimit": -1}),
                        ("spec.quotas.dailySpendLimit: Invalid value: -1",)),
@@ -184,6 +202,19 @@ TENANT_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "webhook-not-http": (tenant_spec(webhooks=[{"url": "hooks.example"}]),
                          ("spec.webhooks[0].url: Invalid value",)),
 }
+
+
+def test_names_that_derived_objects_cannot_carry_are_refused(kube: LocalControlPlane) -> None:
+    """A dotted Cell could be placed into but never named in spec.cell; a 64-character
+    Tenant broke its Secret's label and was then retried for ever in silence."""
+    assert_refused(kube, "Cell", cell_spec(), ("a Cell's name must be a DNS label",),
+                   name="shared.a1")
+    assert_refused(kube, "Tenant", tenant_spec(), ("a Tenant's name must be a DNS label",),
+                   name="t" * 64)
+    assert_refused(kube, "Tenant", tenant_spec(), ("a Tenant's name must be a DNS label",),
+                   name="acme.prod")
+    assert apply(kube, "Tenant", "t" * 63, tenant_spec(), "--dry-run=server")[0] == 0
+    assert apply(kube, "Cell", "c" * 63, cell_spec(), "--dry-run=server")[0] == 0
 
 
 @pytest.mark.parametrize(("spec", "expected"), TENANT_REFUSED.values(), ids=TENANT_REFUSED.keys())
@@ -227,6 +258,9 @@ MOVE_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "tenant-not-a-label": (move_spec(tenant="Acme Corp"), ("spec.tenant: Invalid value",)),
     "pause-too-short": (move_spec(maxWritePauseSeconds=0.05),
                         ("spec.maxWritePauseSeconds: Invalid value: 0.05",)),
+    "pause-integer-zero": (move_spec(maxWritePauseSeconds=0),
+                           ("spec.maxWritePauseSeconds: Invalid value",
+                            "must be greater than or equal to 0.1")),
     "pause-too-long": (move_spec(maxWritePauseSeconds=61),
                        ("spec.maxWritePauseSeconds: Invalid value: 61",)),
     "retention-negative": (move_spec(retainSourceForSeconds=-1),
@@ -365,3 +399,148 @@ def test_short_names_category_and_columns(kube: LocalControlPlane) -> None:
     everything = kube.kubectl("get", "cellplane", "-A", "-o", "name").stdout.split()
     assert "tenant.cellplane.io/listed" in everything
     assert "tenantmove.cellplane.io/listed" in everything
+
+
+# ------------------------------------------------------- every numeric bound
+
+# Objects that every cross-field rule leaves room in, so a swept value meets only
+# its own bounds: one tenant in 100000 slots, a 300 s lease with 0.1 s renewals and
+# margin, the enterprise plan (every quota applies) with nothing overridden.
+SWEEP_BASES: dict[str, dict[str, Any]] = {
+    "Cell": {"spec": cell_spec(capacity={"tenants": 1, "workerSlots": 100000},
+                               lease={"durationSeconds": 300, "renewIntervalSeconds": 0.1,
+                                      "marginSeconds": 0.1}),
+             "status": {"standbys": [{"region": "region-b"}],
+                        "conditions": [{"type": "Ready", "status": "True", "reason": "Serving",
+                                        "message": "", "lastTransitionTime":
+                                        "2026-01-01T00:00:00Z"}],
+                        "lastTakeover": {"epoch": 2, "toRegion": "region-a", "planned": True,
+                                         "at": "2026-01-01T00:00:00Z"},
+                        "lastReconciliation": {
+                            "epoch": 2, "report": "r", "jobs": 0, "jobUpdates": 0,
+                            "ledgerEntries": 0, "outboxEvents": 0, "tenants": 0,
+                            "lostWalBytes": 0, "lossWindowSeconds": 0,
+                            "createdAt": "2026-01-01T00:00:00Z"}}},
+    "Tenant": {"spec": tenant_spec(plan="enterprise",
+                                   webhooks=[{"url": "https://hooks.example/a"}]),
+               "status": {"quotas": {}, "conditions": [
+                   {"type": "Ready", "status": "True", "reason": "Provisioned", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+    "TenantMove": {"spec": move_spec(),
+                   "status": {"progress": {"tables": [{"table": "jobs"}]}, "conditions": [
+                       {"type": "Accepted", "status": "True", "reason": "Admitted",
+                        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+}
+
+# Bounds that CEL rules state rather than the schema: the quota ceilings of the
+# sweep's plan, from the same table the rules are generated from.
+CEL_BOUNDS: dict[tuple[str, ...], tuple[float, ...]] = {
+    ("spec", "quotas", field): (float(getattr(PLAN_CEILINGS[Plan.ENTERPRISE], attribute)),)
+    for field, attribute in QUOTA_FIELDS.items()}
+
+
+def numeric_fields(schema: dict[str, Any], path: tuple[str, ...] = ()
+                   ) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    """(path, schema) of every integer and number node; ``[]`` stands for a list item."""
+    if schema.get("type") in ("integer", "number"):
+        yield path, schema
+    for name, child in (schema.get("properties") or {}).items():
+        yield from numeric_fields(child, (*path, name))
+    if "items" in schema:
+        yield from numeric_fields(schema["items"], (*path, "[]"))
+
+
+def probes(node: dict[str, Any], extra_bounds: tuple[float, ...]) -> list[int | float]:
+    """Values at and around each bound, as an integer and as a fraction where both exist
+    (an integer beside a fractional bound is what slipped through before)."""
+    bounds = [node[key] for key in ("minimum", "maximum") if key in node] + list(extra_bounds)
+    values: list[int | float] = [-1, 0, 1, 0.5]
+    for bound in bounds:
+        values += [bound, float(bound), bound + 1, bound - 1, bound + 0.001, bound - 0.001,
+                   math.floor(bound), math.ceil(bound)]
+    unique: dict[str, int | float] = {json.dumps(v): v for v in values}
+    return list(unique.values())
+
+
+def with_value(document: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    node: Any = changed
+    for step, following in zip(path, (*path[1:], None)):
+        if step == "[]":
+            node = node[0]
+            continue
+        if following is None:
+            node[step] = value
+        else:
+            node = node.setdefault(step, [{}] if following == "[]" else {})
+    return changed
+
+
+def operator_reads(kind: str, obj: dict[str, Any], part: str) -> bool:
+    """Whether the operator can use the object as it reads it (spec: the settings and
+    the quotas it provisions; status: the status model)."""
+    status_models = {"Cell": v1alpha1.CellStatus, "Tenant": v1alpha1.TenantStatus,
+                     "TenantMove": v1alpha1.TenantMoveStatus}
+    try:
+        if part == "status":
+            status_models[kind].model_validate(obj["status"])
+        elif kind == "Cell":
+            CellSettings.from_body(obj)
+        elif kind == "Tenant":
+            TenantSettings.from_body(obj).quotas()
+        else:
+            v1alpha1.TenantMoveSpec.model_validate(obj["spec"])
+    except (ValueError, ValidationError):
+        return False
+    return True
+
+
+def test_every_numeric_bound_holds_alike_at_the_apiserver_and_in_the_operator(
+        kube: LocalControlPlane) -> None:
+    """For every integer and number field of every CRD, spec and status: the apiserver
+    admits a value exactly when the operator can read it. 0 for a 0.1 minimum and a
+    rate under the cell's floor were admitted and then failed every operator."""
+    config = KubeConfig.load(kube.kubeconfig)
+    disagreements: list[str] = []
+    swept = 0
+    with httpx.Client(base_url=config.server, verify=config.ssl_context(), timeout=30) as http:
+        for resource in crdgen.RESOURCES:
+            kind = resource.kind
+            base = SWEEP_BASES[kind]
+            collection = (f"/apis/{v1alpha1.API_VERSION}"
+                          + (f"/namespaces/{NAMESPACE}" if resource.scope == "Namespaced" else "")
+                          + f"/{resource.plural}")
+            name = f"sweep-{kind.lower()}"
+            metadata = {"name": name, **({"namespace": NAMESPACE}
+                                         if resource.scope == "Namespaced" else {}),
+                        "uid": "sweep", "generation": 1}
+            created = http.post(collection, json={
+                "apiVersion": v1alpha1.API_VERSION, "kind": kind,
+                "metadata": {"name": name}, "spec": base["spec"]})
+            assert created.status_code == 201, created.text
+            schema = crdgen.crd(resource)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            for path, node in numeric_fields(schema):
+                part = path[0]
+                for value in probes(node, CEL_BOUNDS.get(path, ())):
+                    obj = with_value({"metadata": metadata, "spec": base["spec"],
+                                      "status": base["status"]}, path, value)
+                    if part == "spec":
+                        response = http.post(collection, params={"dryRun": "All"}, json={
+                            "apiVersion": v1alpha1.API_VERSION, "kind": kind,
+                            "metadata": {"name": f"{name}-probe"}, "spec": obj["spec"]})
+                    else:
+                        response = http.patch(
+                            f"{collection}/{name}/status", params={"dryRun": "All"},
+                            json={"status": obj["status"]},
+                            headers={"Content-Type": "application/merge-patch+json"})
+                    admitted = response.status_code < 300
+                    assert admitted or response.status_code == 422, response.text
+                    swept += 1
+                    if admitted != operator_reads(kind, obj, part):
+                        disagreements.append(
+                            f"{kind} {'.'.join(path)} = {json.dumps(value)}: apiserver "
+                            f"{'admits' if admitted else 'refuses'}, the operator "
+                            f"{'cannot read' if admitted else 'reads'} it"
+                            + ("" if admitted else f" ({response.json().get('message')})"))
+    assert swept > 200
+    assert not disagreements, "\n".join(disagreements)

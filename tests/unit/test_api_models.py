@@ -174,3 +174,12 @@ def test_quota_floors_are_the_cells_own() -> None:
             quotas_for(plan, **{attribute: below})
         with pytest.raises(ValidationError):
             v1alpha1.TenantQuotas.model_validate({field: below})
+
+
+def test_integers_are_read_strictly_as_the_crd_admits_them() -> None:
+    with pytest.raises(ValidationError):
+        v1alpha1.CellCapacity.model_validate({"tenants": 1.0, "workerSlots": 4})
+    with pytest.raises(ValidationError):
+        v1alpha1.TenantStatus.model_validate({"epoch": 2.0})
+    assert v1alpha1.CellCapacity.model_validate({"tenants": 1, "workerSlots": 4}).tenants == 1
+    assert v1alpha1.CellLease.model_validate({"renewIntervalSeconds": 1}).renew_interval_seconds == 1

@@ -189,3 +189,13 @@ def test_every_fractional_bound_of_the_crds_has_its_rule(kind: str) -> None:
             found += 1
             assert rule in node.get("x-kubernetes-validations", []), f"{path}: {rule} missing"
     assert found or kind not in ("Cell", "TenantMove")
+
+
+@pytest.mark.parametrize("kind", ["Cell", "Tenant", "TenantMove"])
+def test_every_integer_field_refuses_a_decimal_point(kind: str) -> None:
+    """`tenants: 1.0` passed the schema and failed only where a CEL rule read it."""
+    integers = [(path, node) for path, node in _nodes(_schema(kind), kind)
+                if node.get("type") == "integer"]
+    assert integers
+    for path, node in integers:
+        assert crdgen.WHOLE_NUMBER_RULE in node.get("x-kubernetes-validations", []), path

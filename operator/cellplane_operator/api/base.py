@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
@@ -27,6 +27,7 @@ __all__ = [
     "DNS_LABEL_PATTERN",
     "DnsLabel",
     "HttpUrl",
+    "Integer",
     "Int64",
 ]
 
@@ -99,5 +100,10 @@ HttpUrl = Annotated[str, Field(max_length=2048, pattern="^https?://")]
 """A URL the cell calls: checked here for scheme only; the cell resolves and
 vets the host (private targets are refused unless the driver allows them)."""
 
-Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
+Integer = Annotated[int, Strict()]
+"""Every integer field: ``1.0`` is refused, as the CRD refuses it (``crdgen``'s
+whole-number rule). Lax pydantic took it, while a CEL rule reading the field
+made the apiserver refuse it: the two disagreed."""
+
+Int64 = Annotated[int, Strict(), Field(json_schema_extra={"format": "int64"})]
 """Generations and epochs: counters that only grow."""

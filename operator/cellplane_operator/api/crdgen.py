@@ -33,8 +33,8 @@ from pydantic import BaseModel
 from cellplane_operator.api import v1alpha1
 from cellplane_operator.api.base import Rule
 
-__all__ = ["Column", "Resource", "RESOURCES", "structural", "fractional_bound_rules", "crd",
-           "render", "main"]
+__all__ = ["Column", "Resource", "RESOURCES", "structural", "fractional_bound_rules",
+           "whole_number_rules", "WHOLE_NUMBER_RULE", "crd", "render", "main"]
 
 # Key order of a schema node in the YAML: what a reader looks for first.
 _NODE_KEYS = (
@@ -175,7 +175,7 @@ def _node(schema: Mapping[str, Any], defs: Mapping[str, Any], *, path: str) -> d
         node["items"] = _node(node["items"], defs, path=f"{path}[]")
     if "maxLength" in node and node.get("type") == "array":
         node["maxItems"] = node.pop("maxLength")
-    if rules := fractional_bound_rules(node):
+    if rules := [*fractional_bound_rules(node), *whole_number_rules(node)]:
         node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), *rules]
     unknown = set(node) - set(_NODE_KEYS)
     if unknown:
@@ -214,6 +214,22 @@ def fractional_bound_rules(node: Mapping[str, Any]) -> list[dict[str, str]]:
             "message": f"must be {words}{'' if exclusive else ' or equal to'} {float(bound):g}",
         })
     return rules
+
+
+WHOLE_NUMBER_RULE = {"rule": "type(self) == int", "message": "must be a whole number, written "
+                     "without a decimal point"}
+
+
+def whole_number_rules(node: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The rule that refuses ``1.0`` for an ``integer`` node, everywhere alike.
+
+    The schema check lets an integral float through (``tenants: 1.0``), but a CEL
+    rule that reads the field then fails on it ("expected int, got float64"): the
+    apiserver refused ``1.0`` where a rule looked and stored it where none did. The
+    models read integers strictly (``api.base.Integer``); this rule makes every
+    integer field refuse ``1.0`` at admission as well.
+    """
+    return [dict(WHOLE_NUMBER_RULE)] if node.get("type") == "integer" else []
 
 
 def _inline(node: dict[str, Any], defs: Mapping[str, Any], *, path: str) -> dict[str, Any]:

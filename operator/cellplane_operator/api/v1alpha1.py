@@ -20,6 +20,7 @@ from cellplane_operator.api.base import (
     DnsLabel,
     HttpUrl,
     Int64,
+    Integer,
     Rule,
     cel,
     empty_object_default,
@@ -130,9 +131,9 @@ class CellCapacity(ApiModel):
         "self.tenants <= self.workerSlots",
         "capacity.tenants must not exceed capacity.workerSlots (each tenant needs a slot)")))
 
-    tenants: int = Field(ge=1, le=10000)
+    tenants: Integer = Field(ge=1, le=10000)
     """Most tenants placement may put in this cell."""
-    worker_slots: int = Field(ge=1, le=100000)
+    worker_slots: Integer = Field(ge=1, le=100000)
     """Jobs the cell's workers may run at once, over all tenants."""
 
 
@@ -142,7 +143,7 @@ class CellFailover(ApiModel):
     automatic: bool = True
     """Promote a standby on its own when the active region's lease ends; false waits
     for a person."""
-    failover_delay_seconds: int = Field(default=0, ge=0, le=3600)
+    failover_delay_seconds: Integer = Field(default=0, ge=0, le=3600)
     """Extra wait after the lease ended before promoting, to ride out short outages."""
     max_standby_lag_seconds: float = Field(default=30, ge=0, le=86400)
     """A standby further behind than this is not promoted automatically (it would lose more)."""
@@ -160,7 +161,7 @@ class CellLease(ApiModel):
              "so one lost renewal does not end ownership"),
     ))
 
-    duration_seconds: int = Field(default=10, ge=2, le=300)
+    duration_seconds: Integer = Field(default=10, ge=2, le=300)
     """etcd lease TTL of the owner key."""
     renew_interval_seconds: float = Field(default=2, ge=0.1, le=60)
     """How often the owner renews."""
@@ -174,7 +175,7 @@ class CellDriver(ApiModel):
     name: Literal["local"] = "local"
     """Site driver: local runs each site as processes on the operator's machine
     (the Kubernetes driver comes later)."""
-    worker_processes: int = Field(default=1, ge=1, le=16)
+    worker_processes: Integer = Field(default=1, ge=1, le=16)
     """Worker processes of the primary site; the worker slots are spread over them."""
     allow_private_targets: bool = False
     """Development only: tenants may register loopback and private targets and webhooks."""
@@ -262,15 +263,15 @@ class CellReconciliation(ApiModel):
     """The epoch of the site that took over."""
     report: str
     """Name of the ConfigMap in the operator's namespace that holds the report."""
-    jobs: int
+    jobs: Integer
     """Acknowledged jobs the new primary lacks."""
-    job_updates: int
+    job_updates: Integer
     """Jobs whose progress (a status change) the new primary lacks."""
-    ledger_entries: int
+    ledger_entries: Integer
     """Ledger entries (reservations, settlements, refunds) the new primary lacks."""
-    outbox_events: int
+    outbox_events: Integer
     """Events the new primary lacks."""
-    tenants: int
+    tenants: Integer
     """Tenants with anything in the report."""
     lost_wal_bytes: Int64
     """WAL the old primary wrote past the new primary's starting point."""
@@ -294,9 +295,9 @@ class CellStatus(ApiModel):
     """Site that acts for the cell now."""
     epoch: Int64 | None = None
     """Epoch of the placement-group lease the active site holds; grows on every takeover."""
-    tenants: int | None = None
+    tenants: Integer | None = None
     """Tenants placed in the cell."""
-    slots_in_use: int | None = None
+    slots_in_use: Integer | None = None
     """Worker slots promised to the placed tenants (their running-job caps)."""
     standby_lag_seconds: float | None = None
     """Replay lag of the furthest-behind standby."""
@@ -323,13 +324,13 @@ class TenantQuotas(ApiModel):
     """Limits of one tenant, enforced by its cell."""
 
     # The floors are the cell's own (cellplane_cells.domain.plans), as the ceilings are.
-    max_running_jobs: int | None = Field(default=None, ge=QUOTA_FLOORS.max_running)
+    max_running_jobs: Integer | None = Field(default=None, ge=QUOTA_FLOORS.max_running)
     """Jobs of the tenant that may run at once."""
     jobs_per_second: float | None = Field(default=None, ge=QUOTA_FLOORS.jobs_per_second)
     """Sustained submission rate of the tenant API's token bucket."""
-    burst: int | None = Field(default=None, ge=QUOTA_FLOORS.burst)
+    burst: Integer | None = Field(default=None, ge=QUOTA_FLOORS.burst)
     """Submissions allowed at once after a quiet spell (the bucket's size)."""
-    daily_spend_limit: int | None = Field(default=None, ge=QUOTA_FLOORS.daily_spend_limit)
+    daily_spend_limit: Integer | None = Field(default=None, ge=QUOTA_FLOORS.daily_spend_limit)
     """Micro-credits an enterprise tenant may reserve per day."""
 
 
@@ -347,7 +348,7 @@ class TenantWebhook(ApiModel):
 
     url: HttpUrl
     """URL the cell POSTs signed events to."""
-    max_concurrency: int = Field(default=4, ge=1, le=100)
+    max_concurrency: Integer = Field(default=4, ge=1, le=100)
     """Deliveries in flight at once to this URL."""
 
 
@@ -441,7 +442,7 @@ class TenantMoveSpec(ApiModel):
     abort: bool = Field(default=False, json_schema_extra=cel(Rule("!oldSelf || self",
                                                           "abort cannot be undone")))
     """Stop the move and leave the tenant in its source cell (only before cutover)."""
-    retain_source_for_seconds: int = Field(default=86400, ge=0, le=2592000)
+    retain_source_for_seconds: Integer = Field(default=86400, ge=0, le=2592000)
     """How long the source cell keeps the tenant's data, disabled, after a completed move."""
 
 
@@ -450,20 +451,20 @@ class TableProgress(ApiModel):
 
     table: str
     """Table name."""
-    copied: int | None = None
+    copied: Integer | None = None
     """Rows copied so far."""
-    total: int | None = None
+    total: Integer | None = None
     """Rows to copy (at the snapshot)."""
 
 
 class MoveProgress(ApiModel):
     """How far the move has come."""
 
-    rows_copied: int | None = None
+    rows_copied: Integer | None = None
     """Rows copied so far, over all tables."""
-    rows_total: int | None = None
+    rows_total: Integer | None = None
     """Rows to copy (at the snapshot), over all tables."""
-    current_delta: int | None = None
+    current_delta: Integer | None = None
     """Changes made in the source since the last catch-up round."""
     pause_seconds: float | None = None
     """Length of the write pause at cutover, once it happened."""
