@@ -7,14 +7,18 @@ the router as its own process (`cellplane router`).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from cellplane_operator.domain.routing import key_digest
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.sites.base import SiteEndpoints
@@ -24,15 +28,19 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from httpservers import Call, RecordingServer
+from metricscrape import scrape
 from regionplane import RegionPlane, etcd, ready, ready_cell, secret_data, tenant
 
 HOLD_SECONDS = 1.5
+_ROUTER_PIDS: dict[str, int] = {}
 MOVE_HOLD_SECONDS = 20.0
 
 
 @pytest.fixture(scope="module")
 def router(plane: RegionPlane) -> Iterator[str]:
-    process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=HOLD_SECONDS)
+    process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=HOLD_SECONDS,
+                                      metrics=True)
+    _ROUTER_PIDS["router"] = process.pid or 0
     try:
         yield url
     finally:
@@ -43,11 +51,19 @@ def router(plane: RegionPlane) -> Iterator[str]:
 def patient_router(plane: RegionPlane) -> Iterator[str]:
     """A router that holds long enough for a test to walk a cutover step by step."""
     process, url = plane.start_router(plane.kube.etcd.endpoints, hold_seconds=MOVE_HOLD_SECONDS,
-                                      name="patient-router")
+                                      name="patient-router", metrics=True)
     try:
         yield url
     finally:
         process.stop()
+
+
+def forwarded(plane: RegionPlane, router: str = "router") -> float:
+    """How many answers the router has passed on from a cell: its own 401 for a key of no
+    placed tenant reads exactly as a cell's for a wrong secret, so only this tells them apart."""
+    samples = scrape(plane.metrics[router])
+    return float(sum(v for (name, labels), v in samples.items()
+               if name == "cellplane_router_requests_total" and ("outcome", "forwarded") in labels))
 
 
 def test_a_tenant_submits_and_reads_jobs_through_the_router(
@@ -121,6 +137,7 @@ def test_a_held_request_goes_through_as_soon_as_the_cell_has_an_owner_again(
     request = threading.Thread(target=lambda: answers.append(httpx.get(
         f"{router}/v1/jobs", headers={"Authorization": "Bearer cpk_late-tenant.secret"},
         timeout=10)))
+    before = forwarded(plane)
     request.start()
     log = plane.kube.run_dir / "logs" / "router.log"
     wait_for(lambda: "holding a request of tenant late-tenant" in log.read_text(),
@@ -143,6 +160,7 @@ def test_a_held_request_goes_through_as_soon_as_the_cell_has_an_owner_again(
     # The cell itself answered (it knows no such key): the held request was forwarded.
     assert answer.status_code == 401
     assert answer.json()["error"]["message"] == "unknown API key"
+    assert forwarded(plane) == before + 1
 
 
 async def frozen(call: Call) -> Response:
@@ -177,6 +195,7 @@ def test_a_moving_tenant_is_held_through_the_cutover_then_sent_to_its_new_cell(
             assert await records.replace(key, updated, mod_revision=stored.mod_revision, guard=[])
 
         etcd(plane, place)
+        before = forwarded(plane, "patient-router")
         answers: list[httpx.Response] = []
         request = threading.Thread(target=lambda: answers.append(httpx.get(
             f"{patient_router}/v1/jobs", headers={"Authorization": "Bearer cpk_moving-tenant.s"},
@@ -203,6 +222,7 @@ def test_a_moving_tenant_is_held_through_the_cutover_then_sent_to_its_new_cell(
         # and the source was asked once only.
         assert answer.status_code == 401, answer.text
         assert answer.json()["error"]["message"] == "unknown API key"
+        assert forwarded(plane, "patient-router") == before + 1
         assert len(source.snapshot()) == 1
         assert target["endpoints"]["api"]
     finally:
@@ -251,3 +271,118 @@ def test_a_write_to_a_fenced_cell_is_answered_at_once_with_the_fence(
     # Reads still answer through the router.
     listed = httpx.get(f"{patient_router}/v1/jobs", headers=headers, timeout=10)
     assert listed.status_code == 200, listed.text
+
+
+@pytest.fixture(scope="module")
+def placed_key(plane: RegionPlane) -> str:
+    """A placed tenant's API key, in route-a1."""
+    ns = plane.namespace("routed-gates")
+    ready_cell(plane, "route-a1")
+    plane.apply(tenant("initech", ns, plan="pro", cell="route-a1",
+                       targets=[{"name": "default", "url": "http://127.0.0.1:9/run"}]))
+    plane.await_status("tenant", "initech", ready, namespace=ns)
+    key = str((secret_data(plane, ns, "initech-api-key") or {})["api-key"])
+
+    def digest_recorded() -> bool:
+        stored = etcd(plane, lambda store: PlacementRecords(store).read(TenantKey(ns, "initech")))
+        return stored is not None and stored.record.key_digest == key_digest(key)
+
+    # Written by the operator once the cell holds the key: the router checks keys with it.
+    wait_for(digest_recorded, timeout=30, what="the placement record to carry the key's digest")
+    return key
+
+
+def _resident_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _raw_request(url: str, head: bytes, chunks: Iterator[bytes] = iter(())) -> bytes:
+    """Sends ``head`` then ``chunks`` until the router stops reading; its whole answer."""
+    parsed = httpx.URL(url)
+    with socket.create_connection((parsed.host, parsed.port), timeout=30) as conn:
+        conn.sendall(head)
+        try:
+            for chunk in chunks:
+                conn.sendall(chunk)
+        except OSError:
+            pass  # The router answered and closed: it reads no more of the body.
+        answer = b""
+        with contextlib.suppress(OSError):
+            while part := conn.recv(65536):
+                answer += part
+        return answer
+
+
+def test_a_huge_body_is_refused_without_being_read(
+        plane: RegionPlane, router: str, placed_key: str) -> None:
+    """100 MB posted, declared and chunked: 413 each time, and the router's memory does not
+    grow by the body (it read the whole body before: +100 MB resident, kept)."""
+    pid = _ROUTER_PIDS["router"]
+    before = _resident_bytes(pid)
+    host = httpx.URL(router).netloc.decode()
+    total = 100 * 1024 * 1024
+    declared = _raw_request(router, (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {placed_key}\r\n"
+        f"Idempotency-Key: big-1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {total}\r\n\r\n").encode(), (b"x" * 65536 for _ in range(total // 65536)))
+    assert declared.startswith(b"HTTP/1.1 413"), declared[:200]
+    assert b'"body_too_large"' in declared
+    chunk = b"x" * 65536
+    chunked = _raw_request(router, (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {placed_key}\r\n"
+        f"Idempotency-Key: big-2\r\nContent-Type: application/json\r\n"
+        f"Transfer-Encoding: chunked\r\n\r\n").encode(),
+        (b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(total // len(chunk))))
+    assert chunked.startswith(b"HTTP/1.1 413"), chunked[:200]
+    assert _resident_bytes(pid) - before < 20 * 1024 * 1024
+    # The router still serves.
+    assert httpx.get(f"{router}/v1/jobs", headers={"Authorization": f"Bearer {placed_key}"},
+                     timeout=10).status_code == 200
+
+
+def test_an_unknown_tenant_and_a_wrong_secret_get_the_same_401(
+        plane: RegionPlane, router: str, placed_key: str) -> None:
+    tenant_id = placed_key.removeprefix("cpk_").partition(".")[0]
+    wrong_secret = httpx.get(f"{router}/v1/jobs", timeout=10,
+                             headers={"Authorization": f"Bearer cpk_{tenant_id}.wrong"})
+    unknown = httpx.get(f"{router}/v1/jobs", timeout=10,
+                        headers={"Authorization": "Bearer cpk_no-such-tenant.wrong"})
+    assert wrong_secret.status_code == unknown.status_code == 401
+    assert wrong_secret.content == unknown.content
+    assert sorted(wrong_secret.headers.keys()) == sorted(unknown.headers.keys())
+    # Both refused by the router itself, which checks the whole key: no cell round trip
+    # for one and not the other to time.
+    before = forwarded(plane)
+    for _ in range(3):
+        httpx.get(f"{router}/v1/jobs", timeout=10,
+                  headers={"Authorization": f"Bearer cpk_{tenant_id}.wrong"})
+    assert forwarded(plane) == before
+
+
+@pytest.mark.parametrize("path, status", [
+    ("/v1/%2e%2e/openapi.json", 404), ("/openapi.json", 404), ("/v1/jobs/%2e%2e", 404),
+    ("/docs", 404), ("/v1/jobs/%00", 400), ("/v1/jobs/a%0Ab", 400), ("/v1/jobs?cursor=%00", 400),
+])
+def test_only_the_tenant_api_is_reachable_and_bad_paths_are_json(
+        router: str, placed_key: str, path: str, status: int) -> None:
+    answer = httpx.get(f"{router}{path}", headers={"Authorization": f"Bearer {placed_key}"},
+                       timeout=10)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"]["code"] in ("not_found", "invalid_request")
+
+
+def test_json_the_database_cannot_store_is_a_422_through_the_router(
+        router: str, placed_key: str) -> None:
+    for body in (b'{"target": "default", "payload": NaN}',
+                 b'{"target": "default", "payload": "\\u0000"}',
+                 b'{"target": "default", "payload": 1e400}',
+                 b'{"target": "default", "payload": "\\ud800"}',
+                 b'{"target": "default", "payload": {}, "steps": true}'):
+        answer = httpx.post(f"{router}/v1/jobs", content=body, timeout=10, headers={
+            "Authorization": f"Bearer {placed_key}", "Idempotency-Key": "nan-1",
+            "Content-Type": "application/json"})
+        assert answer.status_code == 422, (body, answer.text)
+        assert answer.json()["error"]["code"] == "invalid_request"
