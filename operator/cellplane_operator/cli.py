@@ -82,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
                           default=os.environ.get("CELLPLANE_KUBE_TIMEOUT_SECONDS", "10"),
                           help="how long one request to the Kubernetes API may take "
                                "(env CELLPLANE_KUBE_TIMEOUT_SECONDS)")
+    operator.add_argument("--move-progress-deadline-seconds", type=float,
+                          default=os.environ.get("CELLPLANE_MOVE_PROGRESS_DEADLINE_SECONDS",
+                                                 "600"),
+                          help="a TenantMove without progress this long before its cutover "
+                               "fails with its reason (env "
+                               "CELLPLANE_MOVE_PROGRESS_DEADLINE_SECONDS)")
     operator.add_argument("--liveness", default=None,
                           help="serve kopf's liveness probe, e.g. http://127.0.0.1:8080/healthz")
     operator.add_argument("--metrics-host",
@@ -201,6 +207,7 @@ def _run_operator(args: argparse.Namespace) -> int:
         region=args.region, etcd_endpoints=endpoints, state_dir=state_dir,
         namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
         resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True,
+        move_progress_deadline_seconds=args.move_progress_deadline_seconds,
         kube_timeout_seconds=args.kube_timeout_seconds)
     driver = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir)
     if args.metrics_port:

@@ -5,6 +5,10 @@ A test starts the operator with ``CELLPLANE_FAILPOINTS=tenant-after-record`` (or
 the process dies at that point as abruptly as a SIGKILL would (``os._exit``:
 no cleanup, no finally blocks), so the test can restart it and check that the
 work resumes from the state left behind and is never done twice.
+
+A slowness point is named with a duration, ``move-slow-delta=3`` (or
+``move-slow-delta@team-a/acme=3``): ``delay`` answers those seconds, and the
+caller sleeps them where the real work would be slow (a loaded machine).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["failpoint"]
+__all__ = ["failpoint", "delay"]
 
 EXIT_CODE = 86
 
@@ -24,3 +28,12 @@ def failpoint(name: str, subject: str = "") -> None:
         logging.getLogger(__name__).critical("failpoint %s (%s): exiting now", name, subject)
         logging.shutdown()
         os._exit(EXIT_CODE)
+
+
+def delay(name: str, subject: str = "") -> float:
+    """Seconds of slowness named by ``name=seconds`` or ``name@subject=seconds``; 0 if none."""
+    for item in os.environ.get("CELLPLANE_FAILPOINTS", "").split(","):
+        point, _, seconds = item.partition("=")
+        if seconds and point in (name, f"{name}@{subject}"):
+            return float(seconds)
+    return 0.0

@@ -44,3 +44,7 @@ class OperatorSettings:
     which proves the previous operator is gone."""
     member: str = ""
     """This operator's name in elections; default ``<region>-<pid>``."""
+    move_progress_deadline_seconds: float = 600.0
+    """How long a TenantMove may go without progress before its cutover (waiting to be
+    admitted, or every step failing: a cell that does not serve or refuses) before it
+    fails with the reason it was stuck on. As a Deployment's progressDeadlineSeconds."""

@@ -12,7 +12,9 @@ move that may not start starts nothing and says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -553,3 +555,144 @@ def test_a_budget_that_cannot_hold_the_pause_says_so_and_a_raised_one_moves_the_
     assert records(plane)[TenantKey(namespace, "tight")].cell == destination
     assert db_rows(cell_database(plane, destination), "SELECT count(*) FROM jobs "
                    "WHERE tenant_id = %s AND payload ? 'seeded'", tenant_id) == [(2_000,)]
+
+
+# -- moves that cannot proceed end (issue #18, item 7) ---------------------------------------
+
+
+@contextlib.contextmanager
+def _operator_with(plane: RegionPlane, name: str, env: dict[str, str]) -> Iterator[None]:
+    """region-a's operator restarted with ``env`` for the block, then a plain one again."""
+    plane.operators["region-a"].stop()
+    special = plane.start_operator("region-a", env=env, log_suffix=f"-{name}")
+    try:
+        yield
+    finally:
+        special.stop()
+        plane.start_operator("region-a", log_suffix=f"-after-{name}")
+
+
+def test_an_abort_ends_a_pending_move_and_the_tenant_moves_again(
+        plane: RegionPlane, target: RecordingServer, cells: tuple[str, str]) -> None:
+    """A move waiting to be admitted used to ignore spec.abort and hold its tenant for
+    good: every later move was refused as AlreadyMoving."""
+    source, destination = cells
+    namespace, _, _ = _tenant(plane, "waiter", source, target)
+    _move(plane, "waiter-nowhere", namespace, "waiter", "no-such-cell")
+    plane.await_status("tenantmove", "waiter-nowhere",
+                       lambda s: condition(s, "Accepted").get("reason") == "TargetNotFound",
+                       namespace=namespace, timeout=60, what="the move to wait for its cell")
+    plane.kube.kubectl("patch", "tenantmove", "waiter-nowhere", "-n", namespace, "--type=merge",
+                       "-p", '{"spec": {"abort": true}}')
+    status = _ended(plane, "waiter-nowhere", namespace, timeout=60)
+    assert status["phase"] == "Aborted", status
+    assert condition(status, "Completed")["reason"] == "Aborted"
+    assert "Aborted" in _events(plane, namespace, "waiter-nowhere")
+
+    _move(plane, "waiter-to-b", namespace, "waiter", destination)
+    status = _ended(plane, "waiter-to-b", namespace)
+    assert status["phase"] == "Completed", status
+    assert records(plane)[TenantKey(namespace, "waiter")].cell == destination
+
+
+def test_a_move_that_cannot_start_fails_at_its_progress_deadline_with_its_reason(
+        plane: RegionPlane, target: RecordingServer, cells: tuple[str, str]) -> None:
+    source, _ = cells
+    namespace, _, _ = _tenant(plane, "stuck", source, target)
+    record_before = records(plane)[TenantKey(namespace, "stuck")]
+    with _operator_with(plane, "deadline", {"CELLPLANE_MOVE_PROGRESS_DEADLINE_SECONDS": "20"}):
+        _move(plane, "stuck-nowhere", namespace, "stuck", "no-such-cell")
+        waiting = plane.await_status(
+            "tenantmove", "stuck-nowhere",
+            lambda s: condition(s, "Accepted").get("reason") == "TargetNotFound",
+            namespace=namespace, timeout=60, what="the move to wait for its cell")
+        assert waiting["phase"] == "Pending", waiting
+        status = _ended(plane, "stuck-nowhere", namespace, timeout=120)
+    assert status["phase"] == "Failed", status
+    for name in ("Accepted", "Completed"):
+        assert condition(status, name)["reason"] == "TargetNotFound", status
+    assert "20s" in condition(status, "Completed")["message"], status
+    reasons = _events(plane, namespace, "stuck-nowhere")
+    assert reasons.count("TargetNotFound") >= 2, reasons  # waiting, then failing
+    assert records(plane)[TenantKey(namespace, "stuck")] == record_before
+
+
+# -- the write pause is bounded (issue #18, item 13) -----------------------------------------
+
+
+def test_a_cutover_that_cannot_finish_within_its_budget_gives_the_writes_back(
+        plane: RegionPlane, router: str, target: RecordingServer, cells: tuple[str, str]) -> None:
+    """The last delta's copy made slower than the whole budget (as a loaded machine
+    would): each cutover gives the writes back within the budget, the source serves
+    again under its epoch, and after a few tries the move fails with its reason."""
+    source, destination = cells
+    namespace, tenant_id, api_key = _tenant(plane, "slowpoke", source, target)
+    source_db, target_db = cell_database(plane, source), cell_database(plane, destination)
+    record_before = records(plane)[TenantKey(namespace, "slowpoke")]
+    budget = 1.5
+    with _operator_with(plane, "slow-delta",
+                        {"CELLPLANE_FAILPOINTS": "move-slow-delta@slowpoke-to-b=3"}):
+        load = Load(router, api_key, f"slowpoke-{uuid.uuid4().hex[:6]}").start()
+        try:
+            load.wait_for(10)
+            _move(plane, "slowpoke-to-b", namespace, "slowpoke", destination,
+                  maxWritePauseSeconds=budget)
+            status = _ended(plane, "slowpoke-to-b", namespace, timeout=240)
+            # The tenant serves from its source: new writes are acknowledged.
+            load.wait_for(10, timeout=90)
+        finally:
+            load.finish()
+
+    assert status["phase"] == "Failed", status
+    failed = condition(status, "Completed")
+    assert failed["reason"] == "PauseBudgetExceeded", failed
+    printed = plane.kube.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                 "involvedObject.name=slowpoke-to-b", "-o",
+                                 "jsonpath={range .items[*]}{.reason}{'\\t'}{.message}{'\\n'}{end}")
+    pauses = [float(m.group(1)) for m in re.finditer(r"writes were paused ([0-9.]+)s",
+                                                      printed.stdout)]
+    overruns = [line for line in printed.stdout.splitlines()
+                if line.startswith(("CutoverOverBudget", "PauseBudgetExceeded"))]
+    assert len(overruns) == 5, printed.stdout
+    assert pauses and max(pauses) <= budget, pauses
+    assert float(status["progress"]["pauseSeconds"]) <= budget, status["progress"]
+    # The tenant never left: same record, active under its old epoch, the copy gone.
+    assert records(plane)[TenantKey(namespace, "slowpoke")] == record_before
+    assert _state(source_db, tenant_id) == ("active", record_before.epoch)
+    assert _state(target_db, tenant_id) is None
+    assert db_rows(source_db, "SELECT capturing FROM tenants WHERE tenant_id = %s",
+                   tenant_id) == [(False,)]
+    keys = dict(db_rows(source_db, "SELECT key, job_id::text FROM idempotency_keys "
+                                   "WHERE tenant_id = %s", tenant_id))
+    assert {k: keys.get(k) for k in load.acknowledged} == load.acknowledged
+
+
+def test_a_target_cell_deleted_mid_move_fails_the_move_and_releases_the_source(
+        plane: RegionPlane, target: RecordingServer, cells: tuple[str, str]) -> None:
+    """A sibling of a move that cannot proceed: its target went away. It used to wait for
+    the cell to serve again, for ever, holding the tenant."""
+    source, _ = cells
+    plane.apply(cell("move-gone", tenants=4, slots=80))
+    plane.await_status("cell", "move-gone", lambda s: ready(s) and bool(s.get("endpoints")),
+                       timeout=300)
+    namespace, tenant_id, _ = _tenant(plane, "orphan", source, target)
+    source_db = cell_database(plane, source)
+    _seed_queued(source_db, tenant_id, 60_000)
+    before = _tenant_checksum(source_db, tenant_id)
+    record_before = records(plane)[TenantKey(namespace, "orphan")]
+
+    _move(plane, "orphan-to-gone", namespace, "orphan", "move-gone")
+    plane.await_status("tenantmove", "orphan-to-gone",
+                       lambda s: s.get("phase") == "Copying"
+                       and int((s.get("progress") or {}).get("rowsCopied") or 0) > 0,
+                       namespace=namespace, timeout=60, what="the copy to begin")
+    plane.kube.kubectl("delete", "cell", "move-gone", "--wait=false")
+    status = _ended(plane, "orphan-to-gone", namespace, timeout=120)
+
+    assert status["phase"] == "Failed", status
+    assert condition(status, "Completed")["reason"] == "TargetCellGone", status
+    assert records(plane)[TenantKey(namespace, "orphan")] == record_before
+    assert _state(source_db, tenant_id) == ("active", record_before.epoch)
+    assert sorted(_tenant_checksum(source_db, tenant_id)) == sorted(before)
+    assert db_rows(source_db, "SELECT capturing FROM tenants WHERE tenant_id = %s",
+                   tenant_id) == [(False,)]

@@ -41,17 +41,19 @@ from cellplane_operator.domain.cells import SERVING_PHASES, Region, Tier
 from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
-    TERMINAL_PHASES, Admitted, MovePhase, MoveRequest, RecordView, RefusalReason, Refused, Resume,
-    admit_move, differing_tables, fixed_pause_over_budget, may_abort, ready_to_cut_over, resume,
+    MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, MovePhase, MoveRequest, Overrun,
+    RecordView, RefusalReason, Refused, Resume, admit_move, after_overrun, differing_tables,
+    fixed_pause_over_budget, gives_up, may_abort, ready_to_cut_over, resume,
+    waiting_refusal_phase,
 )
 from cellplane_operator.domain.moves import refused_urls
 from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, dedicated_cell_name,
     place,
 )
-from cellplane_operator.errors import CellplaneError
-from cellplane_operator.failpoints import failpoint
-from cellplane_operator.kube import TENANTMOVES
+from cellplane_operator.errors import CellApiError, CellplaneError
+from cellplane_operator.failpoints import delay, failpoint
+from cellplane_operator.kube import CELLS, TENANTMOVES
 from cellplane_operator.metrics import count_moves, move_paused, move_phase_written
 from cellplane_operator.placement.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import Stored, TenantKey
@@ -72,10 +74,27 @@ _FIXED_PAUSE_FLOOR_SECONDS = 0.1
 """etcd writes, the freeze and the activation: what the pause costs besides copying."""
 _RETIME_CHECKSUMS_SECONDS = 5.0
 """How often a move whose verification does not fit its budget times the checksums again."""
+_RELEASE_SECONDS = 30.0
+"""How long an ending move keeps asking a cell that does not answer to let go of the move
+(the target's copy, the source's capture) before it ends anyway, naming what is left."""
+_CELL_CALL_SECONDS = 10.0
+"""One release call's bound."""
 
 
 class _Ended(Exception):
     """The move reached a terminal phase (or its object is gone): stop driving it."""
+
+
+class _AbortAsked(Exception):
+    """An abort (or a deletion) came while a step ran: the next step ends the move."""
+
+
+class _CannotCutOver(Exception):
+    """Catching up never brought a cutover within the budget: the move fails."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class _CellTookOver(Exception):
@@ -103,6 +122,15 @@ class _Run:
     last_progress: float = 0.0
     epochs: tuple[int, int] | None = None
     """The source's and the target's placement-group epochs when this copy began."""
+    overruns: int = 0
+    """Cutovers that could not commit within the budget and gave the writes back."""
+    catching_up_since: float | None = None
+    """time.monotonic() this move began catching up without a cutover since."""
+    failing_since: float | None = None
+    """time.monotonic() of the first of the steps failing in a row; None: the last one passed."""
+    late_freeze: tuple[asyncio.Task[None], TenantCopy, int] | None = None
+    """A freeze given up on at its deadline whose answer has not come: the cell may still
+    apply it, so the source is unfrozen once more when it answers."""
 
 
 class MoveController:
@@ -173,6 +201,7 @@ class MoveController:
             try:
                 await self._step(key, body, run)
                 backoff = 0.5
+                run.failing_since = None
             except _Ended:
                 if wake.is_set():
                     # It changed while this step ran (its own status, often): look again,
@@ -191,14 +220,22 @@ class MoveController:
                     await _wait(wake, backoff)
             except NotLeaderError:
                 return
+            except _AbortAsked:
+                run.copy = None
             except CellplaneError as error:
                 log.warning("move %s: %s; again in %.1fs", key, error, backoff)
                 run.copy = None
+                if await self._stuck(key, run, error):
+                    self._ended.add(key)
+                    return
                 await _wait(wake, backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
-            except Exception:
+            except Exception as error:
                 log.exception("move %s failed a step; again in %.1fs", key, backoff)
                 run.copy = None
+                if await self._stuck(key, run, error):
+                    self._ended.add(key)
+                    return
                 await _wait(wake, backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
 
@@ -215,8 +252,12 @@ class MoveController:
                 await self._retire_dedicated_source(body)
             raise _Ended
         if phase is MovePhase.PENDING:
-            if deleting:
-                await self._ctx.drop_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
+            if deleting or _spec(body).get("abort"):
+                # Nothing was started but, for a dedicated tenant, the cell made for it.
+                await self._end(body, run, None, MovePhase.ABORTED, "Aborted",
+                                "aborted before it started ("
+                                + ("the TenantMove is being deleted" if deleting else "spec.abort")
+                                + "): nothing was copied")
                 raise _Ended
             await self._admit(key, body)
             return
@@ -229,12 +270,30 @@ class MoveController:
                                                       stored.record.moving)
         decision = resume(phase, view, source=source, target=target)
         if decision is Resume.LOST:
-            await self._report(body, MoveReport(
-                MovePhase.FAILED, "TenantRecordLost",
-                f"the placement record of tenant {spec.tenant} no longer names cell {source}",
-                source, target, status.get("progress")))
+            await self._end(body, run, None if stored is None else stored.record.tenant_id,
+                            MovePhase.FAILED, "TenantRecordLost",
+                            f"the placement record of tenant {spec.tenant} no longer names "
+                            f"cell {source}")
             raise _Ended
         assert stored is not None
+        if decision is Resume.CONTINUE and may_abort(phase):
+            # Before a cell is asked anything: an abort, or a cell gone, must end a move
+            # even when a cell does not answer. (A freeze that lands late finds the move's
+            # capture cancelled, and is refused.)
+            aborting = spec.abort or deleting or self._tenant_deleting(tenant_key)
+            if aborting:
+                await self._end(body, run, stored.record.tenant_id, MovePhase.ABORTED, "Aborted",
+                                "aborted (" + ("spec.abort" if spec.abort else
+                                              "the TenantMove is being deleted" if deleting else
+                                              f"tenant {spec.tenant} is being deleted")
+                                + f"); the tenant stays in cell {source}, untouched")
+                raise _Ended
+            if await self._cell_gone(target):
+                await self._end(body, run, stored.record.tenant_id, MovePhase.FAILED,
+                                "TargetCellGone", f"the target cell {target} is gone or being "
+                                f"deleted; the tenant stays in cell {source}")
+                raise _Ended
+            await self._settle_late_freeze(run)
         copy = run.copy or await self._open_copy(body, stored, source, target, run)
         if run.epochs is None and "sourceCellEpoch" in status and "targetCellEpoch" in status:
             # A new leader checks the cells against the epochs the copy began under.
@@ -249,17 +308,17 @@ class MoveController:
                 "a cutover was interrupted before its commit; the source serves again and "
                 "the move catches up once more", source, target, status.get("progress")))
             return
-        aborting = spec.abort or deleting or self._tenant_deleting(tenant_key)
-        if aborting and may_abort(phase):
-            await self._abort(body, copy, deleting=deleting,
-                              why="spec.abort" if spec.abort else
-                              "the TenantMove is being deleted" if deleting else
-                              f"tenant {spec.tenant} is being deleted")
-            raise _Ended
         if phase is MovePhase.COPYING:
             await self._copy(body, copy, run)
         elif phase is MovePhase.CATCHING_UP:
-            if await self._catch_up(body, key, copy, run, spec):
+            try:
+                ready = await self._catch_up(body, key, copy, run, spec)
+            except _CannotCutOver as never:
+                await self._end(body, run, copy.tenant_id, MovePhase.FAILED, never.reason,
+                                str(never))
+                raise _Ended from None
+            if ready:
+                run.catching_up_since = None
                 await self._cut_over(body, tenant_key, copy, run, spec)
 
     async def _admit(self, key: TenantKey, body: dict[str, Any]) -> None:
@@ -397,19 +456,149 @@ class MoveController:
 
     async def _refuse(self, body: dict[str, Any], refusal: Refused, source: str | None) -> None:
         """Nothing is started. A refusal that may pass later keeps the move Pending and
-        asks again every few seconds; one Event per new reason, not per asking."""
+        asks again every few seconds, up to the progress deadline; then, or at once for a
+        refusal nothing lifts, the move fails with it. One Event per new reason or phase,
+        not per asking."""
         reason = refusal.reason
         before = find_condition(body.get("status"), "Accepted") or {}
-        message = refusal.message + ("; the move waits and tries again" if reason.waits else "")
-        await self._report(body, MoveReport(MovePhase.PENDING if reason.waits else MovePhase.FAILED,
-                                            reason.value, message, source,
+        before_phase = (body.get("status") or {}).get("phase")
+        deadline = self._ctx.settings.move_progress_deadline_seconds
+        phase = waiting_refusal_phase(reason, waited_seconds=self._age(body),
+                                      deadline_seconds=deadline)
+        message = refusal.message
+        if reason.waits:
+            message += ("; the move waits and tries again, for at most "
+                        f"{deadline:g}s from its creation" if phase is MovePhase.PENDING else
+                        f"; it did not pass within {deadline:g}s, the move's progress deadline:"
+                        " the move fails")
+        if phase is MovePhase.FAILED:
+            # A dedicated cell made for this move holds nothing: it goes with the move.
+            await self._end(body, _Run(), None, phase, reason.value, message, refused=True)
+            return
+        await self._report(body, MoveReport(phase, reason.value, message, source,
                                             _spec(body).get("targetCell"), refused=True))
-        if before.get("reason") != reason.value:
+        if before.get("reason") != reason.value or before_phase != phase.value:
             await self._ctx.event(body, "Warning", reason.value, message)
         if reason.waits:
             meta = body["metadata"]
             await _wait(self._wakes.setdefault(TenantKey(meta["namespace"], meta["name"]),
                                                asyncio.Event()), _ADMISSION_RETRY_SECONDS)
+
+    def _age(self, body: dict[str, Any]) -> float:
+        """Seconds since the TenantMove was created (the apiserver's clock, read on ours:
+        a skew only moves the progress deadline by as much)."""
+        created = body["metadata"].get("creationTimestamp")
+        if not created:
+            return 0.0
+        return (self._ctx.clock.now() - datetime.datetime.fromisoformat(
+            str(created).replace("Z", "+00:00"))).total_seconds()
+
+    async def _cell_gone(self, cell: str) -> bool:
+        """Is the Cell deleted or being deleted? The watch's copy says no at once; a yes is
+        asked of the apiserver, as a new leader's watch may not have delivered it yet."""
+        found = self._ctx.cache.cells.get(cell)
+        if found is None or found["metadata"].get("deletionTimestamp"):
+            found = await self._ctx.kube.get(CELLS, cell)
+        return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+    async def _end(self, body: dict[str, Any], run: _Run, tenant_id: str | None,
+                   phase: MovePhase, reason: str, message: str, *, refused: bool = False,
+                   progress: dict[str, Any] | None = None) -> None:
+        """Ends a move before its cutover: Aborted or Failed, after letting go of all it
+        holds (the target's copy, the source's capture, a dedicated cell made for it).
+        It ends even when a cell does not answer; what is left is named."""
+        status = body.get("status") or {}
+        source, target = status.get("sourceCell"), status.get("targetCell")
+        if run.copy is not None:
+            tenant_id = run.copy.tenant_id
+        left = [] if tenant_id is None or target is None else await self._release(
+            body, str(tenant_id), str(source), str(target))
+        made = await self._delete_cell_made_for(body)
+        if made:
+            message += f"; the dedicated cell {made} made for the move is deleted"
+        if left:
+            message += "; not released: " + "; ".join(left)
+        await self._report(body, MoveReport(phase, reason, message, source, target,
+                                            progress or status.get("progress"), refused=refused))
+        await self._ctx.event(body, "Normal" if phase is MovePhase.ABORTED else "Warning",
+                              reason, message)
+        if left:
+            await self._ctx.event(body, "Warning", "NotReleased", "; ".join(left))
+        if body["metadata"].get("deletionTimestamp"):
+            await self._ctx.drop_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
+
+    async def _release(self, body: dict[str, Any], tenant_id: str, source: str,
+                       target: str) -> list[str]:
+        """The target's copy removed, the source's capture (and a freeze of this move)
+        undone; a cell that is gone holds nothing. A cell that does not answer is asked
+        again for up to ``_RELEASE_SECONDS``; what it still holds then is returned."""
+        move_id = body["metadata"]["uid"]
+        cells = self._ctx.cells
+        sides = {target: ("the target's copy", cells.cancel_move_in),
+                 source: ("the source's change capture", cells.cancel_move_out)}
+        left: dict[str, str] = {}
+        give_up_at = time.monotonic() + _RELEASE_SECONDS
+        for cell, (what, cancel) in sides.items():
+            while True:
+                try:
+                    if await self._cell_gone(cell):
+                        left.pop(cell, None)
+                        break
+                    end = await self._cell_end(cell)
+                    await asyncio.wait_for(cancel(end.admin, end.token, tenant_id, move_id),
+                                           _CELL_CALL_SECONDS)
+                    left.pop(cell, None)
+                    break
+                except (CellplaneError, asyncio.TimeoutError) as error:
+                    left[cell] = f"{what} in cell {cell} ({error or 'no answer'})"
+                    if time.monotonic() >= give_up_at:
+                        break
+                    await asyncio.sleep(1.0)
+        return list(left.values())
+
+    async def _delete_cell_made_for(self, body: dict[str, Any]) -> str | None:
+        """Deletes the tenant's dedicated cell this move made (its name ends in the move's
+        uid, see ``_admit``) if it holds no tenant; its name, if a deletion was asked."""
+        meta = body["metadata"]
+        made_for = f"-{str(meta['uid'])[:8]}"
+        owner = (meta["namespace"], _spec(body).get("tenant"))
+        for name, cell in list(self._ctx.cache.cells.items()):
+            if name.endswith(made_for) and dedicated_to(cell) == owner \
+                    and await self._tenants.delete_unused_cell(name):
+                return name
+        return None
+
+    async def _stuck(self, key: TenantKey, run: _Run, error: BaseException) -> bool:
+        """A step failed. The move says so (never silently), and gives up at its progress
+        deadline if it is still before its cutover. True once the move has ended."""
+        try:
+            now = time.monotonic()
+            if run.failing_since is None:
+                run.failing_since = now
+            body = self._ctx.cache.moves.get(key)
+            status = (body or {}).get("status") or {}
+            phase = MovePhase(status.get("phase") or MovePhase.PENDING.value)
+            if body is None or phase is MovePhase.PENDING or phase in TERMINAL_PHASES:
+                return False
+            deadline = self._ctx.settings.move_progress_deadline_seconds
+            failing = now - run.failing_since
+            source, target = status.get("sourceCell"), status.get("targetCell")
+            if not gives_up(phase, failing_seconds=failing, deadline_seconds=deadline):
+                await self._report(body, MoveReport(
+                    phase, "Retrying", f"{error}; retrying (the move fails if no step passes "
+                    f"for {deadline:g}s)" if may_abort(phase) else f"{error}; retrying",
+                    source, target, status.get("progress"), cell_epochs=run.epochs))
+                return False
+            stored = self._tenants.record(TenantKey(key.namespace,
+                                                    str(_spec(body).get("tenant"))))
+            await self._end(body, run, None if stored is None else stored.record.tenant_id,
+                            MovePhase.FAILED, "ProgressDeadlineExceeded",
+                            f"no step passed for {failing:.0f}s (the progress deadline is "
+                            f"{deadline:g}s): {error}; the tenant stays in cell {source}")
+            return True
+        except Exception:
+            log.exception("move %s: could not report its failing step", key)
+            return False
 
     async def _open_copy(self, body: dict[str, Any], stored: Stored, source: str, target: str,
                          run: _Run) -> TenantCopy:
@@ -456,10 +645,17 @@ class MoveController:
 
     async def _catch_up(self, body: dict[str, Any], key: TenantKey, copy: TenantCopy, run: _Run,
                         spec: v1alpha1.TenantMoveSpec) -> bool:
-        """Delta rounds until the next one fits the pause budget; True when it does."""
+        """Delta rounds until the next one fits the pause budget; True when it does.
+
+        Not for ever: a move whose cutover never fits (the fixed part over the budget,
+        or changes made faster than they are copied) fails at the progress deadline
+        with why, rather than hold its tenant and the capture's cost for good."""
         await self._time_checksums(copy, run)
         if run.epochs is None:
             run.epochs = self._cell_epochs(copy)
+        if run.catching_up_since is None:
+            run.catching_up_since = time.monotonic()
+        deadline = self._ctx.settings.move_progress_deadline_seconds
         while True:
             self._check_abort(body)
             self._check_takeover(copy, run)
@@ -471,7 +667,19 @@ class MoveController:
             failpoint("move-catching-up", body["metadata"]["name"])
             fixed = _FIXED_PAUSE_FLOOR_SECONDS + run.check_seconds
             budget = spec.max_write_pause_seconds
-            if fixed_pause_over_budget(fixed_pause_seconds=fixed, max_pause_seconds=budget):
+            over_budget = fixed_pause_over_budget(fixed_pause_seconds=fixed,
+                                                  max_pause_seconds=budget)
+            if gives_up(MovePhase.CATCHING_UP, failing_seconds=time.monotonic()
+                        - run.catching_up_since, deadline_seconds=deadline):
+                raise _CannotCutOver(
+                    "PauseOverBudget" if over_budget else "DeltaNeverFits",
+                    f"no cutover fitted the {budget:g}s write-pause budget within {deadline:g}s "
+                    "(the progress deadline): " + (
+                        f"the pause's fixed part alone takes {fixed:.2f}s" if over_budget else
+                        f"{round_.pending} changes were left to copy at "
+                        f"{run.rows_per_second:.0f} rows/s")
+                    + f"; the tenant stays in cell {copy.source.cell}")
+            if over_budget:
                 await self._say_over_budget(body, run, copy, fixed, budget, round_.pending)
                 await self._time_checksums(copy, run)
             else:
@@ -518,6 +726,10 @@ class MoveController:
 
     async def _cut_over(self, body: dict[str, Any], tenant_key: TenantKey, copy: TenantCopy,
                         run: _Run, spec: v1alpha1.TenantMoveSpec) -> None:
+        """The write pause, bounded by construction: it carries a deadline, and every step
+        before the commit must end by it (the freeze's own lock wait is bounded in the
+        source database too). A step that cannot gives the writes back: the source serves
+        again under epoch N, and the move catches up and tries again, or fails."""
         name = body["metadata"]["name"]
         source, target = copy.source.cell, copy.target.cell
         stored = self._tenants.record(tenant_key)
@@ -528,27 +740,58 @@ class MoveController:
         await self._progress(body, run, copy, MovePhase.CUTTING_OVER, "CuttingOver",
                              "holding the tenant's requests, freezing it in the source, "
                              "copying its last changes", force=True)
-        paused = time.monotonic()
+        loop = asyncio.get_running_loop()
+        budget = spec.max_write_pause_seconds
+        paused = loop.time()
         stored = await self._tenants.replace_record(tenant_key, stored,
                                                     replace(stored.record, moving=True))
-        await copy.freeze_source()
-        failpoint("move-after-freeze", name)
-        last = await copy.drain()
-        checked = time.monotonic()
-        # Reported beside the checksums, not before them: a status write is no part
-        # of the pause.
-        reported = asyncio.create_task(self._progress(
-            body, run, copy, MovePhase.VERIFYING, "Verifying",
-            f"comparing row counts and checksums of cells {source} and {target}", force=True))
+        marked = loop.time() - paused
+        # Until the freeze is timed, the mark's write stands in for a cell call.
+        clock = CutoverClock(paused, budget, record_write_seconds=marked, cell_call_seconds=marked)
+        freezing = loop.time()
+        freeze = asyncio.create_task(copy.freeze_source(max(clock.left(freezing), 0.0)))
+        reported: asyncio.Task[None] | None = None
         try:
-            sums = await copy.checksums()
-        finally:
-            await asyncio.gather(reported, return_exceptions=True)
-        verified_in = time.monotonic() - checked
+            # The freeze is shielded: given up on, its answer is still awaited later, as
+            # the source may apply it after its unfreeze (_settle_late_freeze).
+            await asyncio.wait_for(asyncio.shield(freeze), max(clock.left(freezing), 0.0))
+            clock = replace(clock, cell_call_seconds=loop.time() - freezing)
+            failpoint("move-after-freeze", name)
+            async with asyncio.timeout_at(clock.commit_by):
+                await asyncio.sleep(delay("move-slow-delta", name))
+                last = await copy.drain()
+                checked = loop.time()
+                # Reported beside the checksums, and awaited only after the pause: a status
+                # write is no part of it.
+                reported = asyncio.create_task(self._progress(
+                    body, run, copy, MovePhase.VERIFYING, "Verifying",
+                    f"comparing row counts and checksums of cells {source} and {target}",
+                    force=True))
+                sums = await copy.checksums()
+                verified_in = loop.time() - checked
+        except TimeoutError:
+            step = ("freezing the source" if not freeze.done()
+                    else "verifying" if reported is not None else "copying the last changes")
+            await self._give_back(body, tenant_key, stored, copy, run, spec, epoch=epoch,
+                                  paused_at=paused, freeze=freeze, reported=reported,
+                                  step=step, clock=clock)
+            return
+        except CellApiError as error:
+            if error.status == 503 and "freeze_timeout" in str(error):
+                # The source's database itself gave the freeze up at the deadline.
+                await self._give_back(body, tenant_key, stored, copy, run, spec, epoch=epoch,
+                                      paused_at=paused, freeze=freeze, reported=reported,
+                                      step="freezing the source", clock=clock)
+                return
+            # Any other failure gives the writes back at once, not after a retry's backoff.
+            await self._undo_cutover(body, tenant_key, stored, copy, epoch=epoch)
+            await _settled(reported)
+            raise
         failpoint("move-verifying", name)
         differing = differing_tables(*sums)
         if differing:
             await self._undo_cutover(body, tenant_key, stored, copy, epoch=epoch)
+            await _settled(reported)
             await copy.discard()
             message = ("verification failed, the tenant stays in cell "
                        f"{source}: {'; '.join(differing)}")
@@ -556,27 +799,85 @@ class MoveController:
                                                 source, target, self._progress_body(run, copy)))
             await self._ctx.event(body, "Warning", "VerificationFailed", message)
             raise _Ended
+        if loop.time() > clock.commit_by:
+            # Done, but too late to commit and still end the pause within its budget.
+            await self._give_back(body, tenant_key, stored, copy, run, spec, epoch=epoch,
+                                  paused_at=paused, freeze=freeze, reported=reported,
+                                  step="verifying", clock=clock)
+            return
         stored = await self._tenants.replace_record(
             tenant_key, stored, replace(stored.record, cell=target, epoch=epoch + 1))
         failpoint("move-after-commit", name)
         await self._roll_forward(body, tenant_key, stored, copy, spec,
                                  pause_seconds=None, paused_at=paused, last_delta=last,
-                                 check_seconds=verified_in, run=run)
+                                 check_seconds=verified_in, run=run, reported=reported)
         raise _Ended
+
+    async def _give_back(self, body: dict[str, Any], tenant_key: TenantKey, stored: Stored,
+                         copy: TenantCopy, run: _Run, spec: v1alpha1.TenantMoveSpec, *,
+                         epoch: int, paused_at: float, freeze: asyncio.Task[None],
+                         reported: asyncio.Task[None] | None, step: str,
+                         clock: CutoverClock) -> None:
+        """A cutover that cannot commit within its budget: the source serves again under
+        epoch N and the hold ends, inside the budget (the deadline kept a reserve for
+        this); then the move catches up to try again, or fails after a few tries."""
+        loop = asyncio.get_running_loop()
+        await self._undo_cutover(body, tenant_key, stored, copy, epoch=epoch)
+        paused = loop.time() - paused_at
+        move_paused(paused)
+        if not freeze.done():
+            run.late_freeze = (freeze, copy, epoch)
+        await _settled(reported)
+        run.overruns += 1
+        budget = spec.max_write_pause_seconds
+        message = (f"cutover {run.overruns} of at most {MAX_CUTOVER_ATTEMPTS} could not commit "
+                   f"within the {budget:g}s write-pause budget ({step} was still under way at "
+                   f"its deadline, {clock.commit_by - paused_at:.3f}s into the pause); writes "
+                   f"were paused {paused:.3f}s and given back: the tenant serves from cell "
+                   f"{copy.source.cell} under epoch {epoch}")
+        progress = self._progress_body(run, copy)
+        progress["pauseSeconds"] = round(paused, 4)
+        if after_overrun(run.overruns) is Overrun.FAIL:
+            # Releasing cancels the capture, which a freeze landing late then finds gone.
+            await self._end(body, run, copy.tenant_id, MovePhase.FAILED, "PauseBudgetExceeded",
+                            message + "; the move fails", progress=progress)
+            raise _Ended
+        await self._report(body, MoveReport(MovePhase.CATCHING_UP, "CutoverOverBudget",
+                                            message + "; catching up to try again",
+                                            copy.source.cell, copy.target.cell, progress,
+                                            cell_epochs=run.epochs))
+        await self._ctx.event(body, "Warning", "CutoverOverBudget", message)
+        meta = body["metadata"]
+        await _wait(self._wakes.setdefault(TenantKey(meta["namespace"], meta["name"]),
+                                           asyncio.Event()), min(2.0 ** run.overruns, 10.0))
+
+    async def _settle_late_freeze(self, run: _Run) -> None:
+        """A freeze given up on at the cutover's deadline may land in the source after the
+        unfreeze that gave the writes back (its lock wait there is bounded by the same
+        deadline): once it has answered, the source is unfrozen again."""
+        if run.late_freeze is None:
+            return
+        freeze, copy, epoch = run.late_freeze
+        with contextlib.suppress(Exception):
+            await freeze
+        await copy.unfreeze_source(epoch)
+        run.late_freeze = None
 
     async def _roll_forward(self, body: dict[str, Any], tenant_key: TenantKey, stored: Stored,
                             copy: TenantCopy, spec: v1alpha1.TenantMoveSpec, *,
                             pause_seconds: float | None, paused_at: float | None = None,
                             last_delta: int | None = None, check_seconds: float | None = None,
-                            run: _Run | None = None) -> None:
+                            run: _Run | None = None,
+                            reported: asyncio.Task[None] | None = None) -> None:
         """After the commit: start the tenant in the target, release the hold, retire the source."""
         await copy.activate_target()
         if stored.record.moving:
             stored = await self._tenants.replace_record(tenant_key, stored,
                                                         replace(stored.record, moving=False))
         if paused_at is not None:
-            pause_seconds = time.monotonic() - paused_at
+            pause_seconds = asyncio.get_running_loop().time() - paused_at
             move_paused(pause_seconds)
+        await _settled(reported)
         await copy.finish_source(spec.retain_source_for_seconds)
         progress = self._progress_body(run, copy) if run is not None else dict(
             (body.get("status") or {}).get("progress") or {})
@@ -602,18 +903,6 @@ class MoveController:
         if stored.record.moving:
             await self._tenants.replace_record(tenant_key, stored,
                                                replace(stored.record, moving=False))
-
-    async def _abort(self, body: dict[str, Any], copy: TenantCopy, *, deleting: bool,
-                     why: str) -> None:
-        await copy.discard()
-        message = (f"aborted ({why}): the target's partial copy was removed; the tenant stays "
-                   f"in cell {copy.source.cell}, untouched")
-        await self._report(body, MoveReport(MovePhase.ABORTED, "Aborted", message,
-                                            copy.source.cell, copy.target.cell,
-                                            (body.get("status") or {}).get("progress")))
-        await self._ctx.event(body, "Normal", "Aborted", message)
-        if deleting:
-            await self._ctx.drop_finalizer(TENANTMOVES, body, MOVE_FINALIZER)
 
     def _cell_epochs(self, copy: TenantCopy) -> tuple[int, int]:
         def epoch(cell: str) -> int:
@@ -664,7 +953,7 @@ class MoveController:
         current = self._ctx.cache.moves.get(TenantKey(meta["namespace"], meta["name"]))
         if current is None or _spec(current).get("abort") or current["metadata"].get(
                 "deletionTimestamp"):
-            raise CellplaneError("an abort was asked; stopping the copy")
+            raise _AbortAsked
 
     def _tenant_deleting(self, key: TenantKey) -> bool:
         body = self._ctx.cache.tenants.get(key)
@@ -719,6 +1008,15 @@ class MoveController:
 
 def _spec(body: dict[str, Any]) -> dict[str, Any]:
     return dict(body.get("spec") or {})
+
+
+async def _settled(task: asyncio.Task[None] | None) -> None:
+    """Waits for a status write started beside the pause; its failure is only logged."""
+    if task is not None:
+        try:
+            await task
+        except Exception as error:
+            log.warning("a move's status write beside the pause failed: %s", error)
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:
