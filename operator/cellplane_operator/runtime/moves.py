@@ -16,7 +16,15 @@ tenant's requests), the source freezes the tenant under epoch N+1 (its
 database refuses every later write of the tenant, a paused worker's too), the
 last changes are copied, both cells' checksums are compared, the record is
 switched (the commit), the target starts the tenant, the mark is cleared and
-the router sends the held requests to the target.
+the router sends the held requests to the target. The pause carries its
+deadline (``CutoverClock``): a step before the commit still running at it gives
+the writes back (the source serves again under epoch N), so a loaded machine
+makes a move retry, or fail, never pause longer than its budget.
+
+A move that cannot proceed ends: an abort is decided before any cell is asked,
+and a move stuck before its cutover (a refusal that does not lift, steps that
+keep failing, a cutover that never fits) fails at the progress deadline with
+its reason, releasing what it holds.
 
 Jobs running in the source at the freeze are stopped there (their writes are
 refused) and run again in the target from their last saved step with the same
