@@ -449,3 +449,27 @@ def test_an_operator_restarted_during_a_region_loss_still_promotes_a_streaming_s
     plane.restore_region("region-a")
     status = _rebuilt(plane, "restart-a1", status["epoch"])
     assert _report(plane, "restart-a1", status["epoch"]).nothing_lost
+
+
+def test_an_operator_paused_past_its_lease_leaves_the_deadline_in_force_in_the_report(
+        plane: RegionPlane) -> None:
+    """Issue #18 item 15: region-a's operator is paused (SIGSTOP) past its lease; region-b
+    takes over; when it resumes it self-fences. The report's ``old_lease_deadline`` is the
+    deadline the old primary's database enforced, not the moment the operator woke."""
+    before = _cell(plane, "pause-a1")
+    old_primary = cell_database(plane, "pause-a1", "region-a")
+    operator = plane.operators["region-a"]
+    assert operator.pid is not None
+    os.kill(operator.pid, signal.SIGSTOP)
+    try:
+        status = plane.await_status("cell", "pause-a1", _serves_from("region-b", before["epoch"]),
+                                    timeout=90, what="region-b to take pause-a1 over")
+        wait_for(lambda: db_rows(old_primary, "SELECT clock_timestamp() >= lease_deadline "
+                                              "FROM placement_group") == [(True,)],
+                 timeout=30, what="the old primary's deadline to pass")
+        [(in_force,)] = db_rows(old_primary, "SELECT lease_deadline FROM placement_group")
+    finally:
+        os.kill(operator.pid, signal.SIGCONT)
+    status = _rebuilt(plane, "pause-a1", status["epoch"])
+    report = _report(plane, "pause-a1", status["epoch"])
+    assert report.old_lease_deadline == in_force
