@@ -369,7 +369,8 @@ class TenantController:
             if current is None or (current.record.cell, current.record.epoch) != (
                     stored.record.cell, stored.record.epoch):
                 break
-            record = replace(record, max_running=current.record.max_running)
+            record = replace(record, max_running=current.record.max_running,
+                             key_digest=current.record.key_digest)
             stored = current
         raise CellplaneError(f"the placement record of {key} changed under the move; "
                              "looking again")
