@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,7 +23,8 @@ from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.placement.records import TenantKey
 from httpservers import RecordingServer
 from regionplane import (
-    RegionPlane, cell_database, condition, db_rows, ready, ready_cell, records, secret_data, tenant,
+    RegionPlane, cell, cell_database, condition, db_rows, ready, ready_cell, records, secret_data,
+    tenant,
 )
 
 
@@ -186,6 +188,57 @@ def test_deleting_a_tenant_follows_its_deletion_policy(plane: RegionPlane, polic
     assert rows == ([("retired",)] if policy == "Retain" else [])
 
 
+def test_a_tenant_created_again_after_a_retained_deletion_starts_empty(
+        plane: RegionPlane, target: RecordingServer) -> None:
+    """Deleted with Retain and created again under the same name, a Tenant is a new
+    object: it must not list the old jobs nor replay the old idempotency keys. The old
+    rows stay in the cell, disabled, under the old object's tenant id."""
+    ns = plane.namespace("recreated")
+    ready_cell(plane, "again-a1")
+    spec = {"plan": "pro", "cell": "again-a1",
+            "targets": [{"name": "default", "url": f"{target.url}/run"}]}
+
+    def submit(status: dict[str, Any], idempotency_key: str) -> httpx.Response:
+        key = secret_data(plane, ns, "phoenix-api-key")
+        assert key is not None
+        return httpx.post(f"{status['apiEndpoint']}/v1/jobs", json={
+            "target": "default", "payload": {"n": 1}}, headers={
+            "Authorization": f"Bearer {key['api-key']}", "Idempotency-Key": idempotency_key})
+
+    plane.apply(tenant("phoenix", ns, **spec))
+    first = plane.await_status("tenant", "phoenix", ready, namespace=ns)
+    old = submit(first, "order-1")
+    assert old.status_code == 202, old.text
+    old_key = secret_data(plane, ns, "phoenix-api-key")
+    assert old_key is not None
+    plane.kube.kubectl("delete", "tenant", "phoenix", "-n", ns, "--wait=true", "--timeout=60s")
+    # As if the garbage collector had not yet removed the old object's Secret: its key
+    # names the old tenant id and would unlock the retained rows.
+    plane.apply({"apiVersion": "v1", "kind": "Secret",
+                 "metadata": {"name": "phoenix-api-key", "namespace": ns},
+                 "stringData": old_key})
+
+    plane.apply(tenant("phoenix", ns, **spec))
+    second = plane.await_status("tenant", "phoenix", ready, namespace=ns)
+    assert second["tenantId"] != first["tenantId"]
+    new_key = secret_data(plane, ns, "phoenix-api-key")
+    assert new_key is not None and new_key["api-key"] != old_key["api-key"]
+    assert new_key["api-key"].startswith(f"cpk_{second['tenantId']}.")
+    replayed = submit(second, "order-1")
+    assert replayed.status_code == 202, replayed.text
+    assert replayed.json()["job_id"] != old.json()["job_id"], "the old idempotency key replayed"
+    key = secret_data(plane, ns, "phoenix-api-key")
+    assert key is not None
+    listed = httpx.get(f"{second['apiEndpoint']}/v1/jobs",
+                       headers={"Authorization": f"Bearer {key['api-key']}"}).json()["jobs"]
+    assert [job["job_id"] for job in listed] == [replayed.json()["job_id"]]
+    conninfo = cell_database(plane, "again-a1")
+    assert db_rows(conninfo, "SELECT state FROM tenants WHERE tenant_id = %s",
+                   first["tenantId"]) == [("retired",)]
+    assert db_rows(conninfo, "SELECT count(*) FROM jobs WHERE tenant_id = %s",
+                   first["tenantId"]) == [(1,)]
+
+
 def test_a_dedicated_tenant_gets_its_own_cell_which_goes_with_it(plane: RegionPlane) -> None:
     ns = plane.namespace("dedicated")
     plane.apply(tenant("bigco", ns, plan="enterprise", isolation="dedicated",
@@ -264,3 +317,80 @@ def test_tenant_ids_of_look_alike_names_never_collide(plane: RegionPlane) -> Non
     first = plane.await_status("tenant", "c", ready, namespace=ns1)
     second = plane.await_status("tenant", "b-c", ready, namespace=ns2)
     assert first["tenantId"] != second["tenantId"]
+
+
+def _events(plane: RegionPlane, namespace: str | None, name: str, reason: str) -> list[Any]:
+    """The Events of ``reason`` about ``name``, once at least one was posted (they are
+    posted beside the status, not before it)."""
+    where = ["-n", namespace] if namespace else ["-A"]
+
+    def found() -> list[Any]:
+        items = json.loads(plane.kube.kubectl(
+            "get", "events", *where, "--field-selector", f"involvedObject.name={name}",
+            "-o", "json").stdout)["items"]
+        return [e for e in items if e.get("reason") == reason]
+
+    wait_for(lambda: bool(found()), timeout=30, what=f"a {reason} Event about {name}")
+    return found()
+
+
+def test_a_target_the_cell_refuses_ends_in_a_condition_said_once(plane: RegionPlane) -> None:
+    """It got a Placed Event and then no status while the operator retried for ever."""
+    ns = plane.namespace("refused")
+    ready_cell(plane, "strict-a1", driver={"allowPrivateTargets": False})
+    plane.apply(tenant("careless", ns, cell="strict-a1",
+                       targets=[{"name": "inside", "url": "http://127.0.0.1:9/"}]))
+    status = plane.await_status(
+        "tenant", "careless", lambda s: condition(s, "Ready").get("reason") == "TargetRefused",
+        namespace=ns)
+    message = condition(status, "Ready")["message"]
+    assert "spec.targets[name=inside].url http://127.0.0.1:9/" in message, message
+    assert status["phase"] == "Provisioning" and status["cell"] == "strict-a1"
+    # A window for the retries (1, 2, 4 s) and a resync to happen: still one Warning.
+    time.sleep(8)
+    refusals = _events(plane, ns, "careless", "TargetRefused")
+    assert len(refusals) == 1 and refusals[0]["type"] == "Warning", refusals
+
+    # Taken out of the spec (a public URL would need DNS, which tests do not have),
+    # the refusal ends and the tenant serves.
+    plane.kube.kubectl("patch", "tenant", "careless", "-n", ns, "--type=merge",
+                       "-p", json.dumps({"spec": {"targets": []}}))
+    plane.await_status("tenant", "careless", ready, namespace=ns)
+
+
+def test_a_cell_in_an_unknown_region_says_so(plane: RegionPlane) -> None:
+    """No operator runs region-z: nobody wrote the cell's status at all."""
+    plane.apply(cell("nowhere-z1", "region-z"))
+    status = plane.await_status(
+        "cell", "nowhere-z1", lambda s: condition(s, "Accepted").get("reason") == "UnknownRegion")
+    assert status["phase"] == "Pending"
+    accepted = condition(status, "Accepted")
+    assert accepted["status"] == "False" and "spec.region 'region-z'" in accepted["message"]
+    assert len(_events(plane, None, "nowhere-z1", "UnknownRegion")) == 1
+    plane.kube.kubectl("delete", "cell", "nowhere-z1", "--wait=true", "--timeout=60s")
+
+
+def test_a_cell_shrunk_below_its_use_says_so(plane: RegionPlane) -> None:
+    """Capacity shrunk under the placed tenants, or the tier made dedicated with two
+    tenants inside, was accepted without a word."""
+    ns = plane.namespace("shrink")
+    ready_cell(plane, "shrink-a1")
+    for name in ("one", "two"):
+        plane.apply(tenant(name, ns, cell="shrink-a1"))
+    for name in ("one", "two"):
+        plane.await_status("tenant", name, lambda s: s.get("cell") == "shrink-a1", namespace=ns)
+    plane.await_status("cell", "shrink-a1", lambda s: s.get("tenants") == 2 and condition(
+        s, "Accepted").get("status") == "True")
+
+    plane.kube.kubectl("patch", "cell", "shrink-a1", "--type=merge", "-p", json.dumps(
+        {"spec": {"capacity": {"tenants": 1, "workerSlots": 40}}}))
+    status = plane.await_status("cell", "shrink-a1", lambda s: condition(
+        s, "Accepted").get("reason") == "CapacityBelowUse")
+    assert "spec.capacity.tenants is 1 but 2 tenants are placed" in condition(
+        status, "Accepted")["message"]
+    plane.kube.kubectl("patch", "cell", "shrink-a1", "--type=merge", "-p", json.dumps(
+        {"spec": {"tier": "dedicated"}}))
+    status = plane.await_status("cell", "shrink-a1", lambda s: "spec.tier is dedicated" in condition(
+        s, "Accepted").get("message", ""))
+    assert condition(status, "Ready")["status"] == "True", "the site's conditions are kept"
+    assert len(_events(plane, None, "shrink-a1", "CapacityBelowUse")) == 1

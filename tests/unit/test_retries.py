@@ -83,3 +83,5 @@ def test_each_distinct_failure_is_said_once() -> None:
     assert failures.is_new("globex", "refused"), "keys are apart"
     failures.cleared("acme")
     assert failures.is_new("acme", "refused"), "after a success, a failure is news again"
+    assert failures.is_new("acme", "lease expired: may act until 18:19:43, now 18:19:44")
+    assert not failures.is_new("acme", "lease expired: may act until 18:20:13, now 18:20:15")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 __all__ = ["RetrySchedule", "FailureLog"]
 
 K = TypeVar("K", bound=Hashable)
+
+_NUMBERS = re.compile(r"\d+")
 
 
 class RetrySchedule(Generic[K]):
@@ -66,10 +69,15 @@ class FailureLog(Generic[K]):
         self._last: dict[K, str] = {}
 
     def is_new(self, key: K, failure: str) -> bool:
-        """Records ``failure`` of ``key``; True if it differs from the one before."""
-        if self._last.get(key) == failure:
+        """Records ``failure`` of ``key``; True if it differs from the one before.
+
+        Numbers do not tell failures apart: a refusal that quotes the time, a port or
+        a deadline ("may act until 18:19:43, it is now 18:19:44") is the same failure
+        at every retry."""
+        kind = _NUMBERS.sub("#", failure)
+        if self._last.get(key) == kind:
             return False
-        self._last[key] = failure
+        self._last[key] = kind
         return True
 
     def cleared(self, key: K) -> None:

@@ -466,7 +466,8 @@ class TenantController:
                               + (f" with a standby in {standby[0]}" if standby else ""))
 
     async def _ensure_secret(self, body: dict[str, Any], tenant: TenantSettings,
-                             record: PlacementRecord) -> tuple[str, str, str]:
+                             record: PlacementRecord, *, replacing: bool = False
+                             ) -> tuple[str, str, str]:
         name = _secret_name(tenant)
         found = await self._ctx.kube.get(SECRETS, name, namespace=tenant.namespace)
         if found is None:
@@ -490,6 +491,18 @@ class TenantController:
                 if found is None:
                     raise
         data = {k: base64.b64decode(v).decode() for k, v in (found.get("data") or {}).items()}
+        owners = {o.get("uid") for o in found["metadata"].get("ownerReferences") or []
+                  if o.get("kind") == "Tenant"}
+        if data.get("tenant-id", record.tenant_id) != record.tenant_id or (
+                owners and body["metadata"]["uid"] not in owners):
+            # A deleted Tenant's Secret that the garbage collector has not removed yet:
+            # its key names the old tenant id (the router would route it there) and
+            # unlocks the retained rows. This object gets a key of its own.
+            if replacing:
+                raise CellplaneError(f"secret {tenant.namespace}/{name} belongs to another "
+                                     "Tenant object and is still there after its deletion")
+            await self._ctx.kube.delete(SECRETS, name, namespace=tenant.namespace)
+            return await self._ensure_secret(body, tenant, record, replacing=True)
         if not data.get("api-key") or not data.get("webhook-secret"):
             raise CellplaneError(f"secret {tenant.namespace}/{name} lacks api-key or webhook-secret")
         return name, data["api-key"], data["webhook-secret"]
@@ -690,8 +703,10 @@ class TenantController:
         meta = body["metadata"]
         await self._ctx.kube.patch(TENANTS, meta["name"], {"status": status},
                                    namespace=meta["namespace"], subresource="status")
-        if progress.phase not in ("Ready", "Degraded") and self._announced.get(key) != progress.reason:
-            self._announced[key] = progress.reason
+        # Once per reason; a refusal once per refused field too (its message names it).
+        said = f"{progress.reason}: {progress.message}" if progress.refused else progress.reason
+        if progress.phase not in ("Ready", "Degraded") and self._announced.get(key) != said:
+            self._announced[key] = said
             warning = progress.phase in ("Unplaceable",) or progress.refused
             await self._ctx.event(body, "Warning" if warning else "Normal", progress.reason,
                                   progress.message)
