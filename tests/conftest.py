@@ -184,3 +184,19 @@ def cell_db(cell_postgres: LocalControlPlane) -> str:
 def bare_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
     """No etcd and no apiserver: room for Postgres instances, added by the test."""
     yield from _run_plane(request, LocalPlaneConfig(regions=(), with_apiserver=False))
+
+
+@pytest.fixture(scope="session")
+def local_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The local cluster (a control plane and a node per region, tests marked ``cluster``),
+    started once per session; its start time and memory go to pytest's summary."""
+    from clusterfixtures import start_session_cluster
+
+    yield from start_session_cluster(request)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    measured = sys.modules.get("clusterfixtures")
+    if measured is not None and getattr(measured, "MEASURED", None):
+        for key, value in measured.MEASURED.items():
+            terminalreporter.write_line(f"local cluster {key}: {value}")

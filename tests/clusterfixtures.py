@@ -1,0 +1,147 @@
+"""The local cluster for tests marked ``cluster``: started once per session, torn down
+at its end, its logs printed when a test failed; plus what the tests run on it.
+
+Test pods run the operator image (it has python3 and psql) built here by
+localplane.images, never pulled: ``imagePullPolicy: Never``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cellplane_operator.localplane.cluster import ClusterConfig, LocalCluster
+from cellplane_operator.localplane.process import wait_for
+
+# What the session's cluster cost, printed in pytest's summary (conftest).
+MEASURED: dict[str, str] = {}
+
+
+def start_session_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    from cellplane_operator.localplane.images import build_images
+
+    images = build_images(say=lambda line: None)
+    cluster = LocalCluster(ClusterConfig(), images=images)
+    begun = time.monotonic()
+    try:
+        cluster.start()
+    except BaseException:
+        sys.stderr.write(cluster.dump_logs())
+        raise
+    MEASURED["start"] = (f"{time.monotonic() - begun:.1f} s ("
+                         + ", ".join(f"{k} {v:.1f}" for k, v in cluster.timings.items()) + ")")
+    memory = cluster.memory_bytes()
+    if memory is not None:
+        MEASURED["memory when Ready"] = f"{memory / 2**20:.0f} MiB"
+    failures_before = request.session.testsfailed
+    try:
+        yield cluster
+    finally:
+        failed = request.session.testsfailed > failures_before
+        if failed:
+            sys.stderr.write(f"\n--- logs of the local cluster in {cluster.run_dir} ---\n")
+            sys.stderr.write(cluster.dump_logs())
+        cluster.stop(remove=not failed)
+
+
+def operator_image(cluster: LocalCluster) -> str:
+    for image in cluster.images:
+        if image.name == "operator":
+            return str(image.reference)
+    raise AssertionError("the cluster has no operator image")
+
+
+class Workloads:
+    """Objects of one test namespace, applied and read with the cluster's kubectl."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.image = operator_image(cluster)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
+                input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl("-n", self.namespace, *args, check=check, timeout=timeout,
+                                    input_text=input_text)
+
+    def apply(self, *objects: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(objects))
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        parsed = json.loads(self.kubectl("get", kind, name, "-o", "json").stdout)
+        assert isinstance(parsed, dict)
+        return parsed
+
+    def container(self, name: str, command: str, **extra: Any) -> dict[str, Any]:
+        return {"name": name, "image": self.image, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", command],
+                "securityContext": {"allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]}},
+                **extra}
+
+    def web_pod(self, name: str, region: str) -> dict[str, Any]:
+        """A pod on ``region``'s node that answers HTTP on 8080 with its node's region."""
+        serve = (f"mkdir -p /tmp/www && echo {region} > /tmp/www/index.html && "
+                 "cd /tmp/www && exec python3 -u -m http.server 8080")
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "web", "region": region}},
+            "spec": {
+                "nodeSelector": {"topology.kubernetes.io/region": region},
+                "terminationGracePeriodSeconds": 1,
+                "containers": [self.container("web", serve, ports=[{"containerPort": 8080}],
+                                              readinessProbe={"tcpSocket": {"port": 8080},
+                                                              "periodSeconds": 1})],
+            },
+        }
+
+    def wait_ready(self, kind_name: str, *, timeout: float = 300) -> None:
+        self.kubectl("wait", "--for=condition=Ready", f"--timeout={int(timeout)}s", kind_name,
+                     timeout=timeout + 30)
+
+    def exec_python(self, pod: str, code: str, *, check: bool = True,
+                    timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("exec", pod, "--", "python3", "-c", code, check=check,
+                            timeout=timeout)
+
+    def fetch(self, pod: str, url: str, *, check: bool = True,
+              timeout: float = 10) -> subprocess.CompletedProcess[str]:
+        """An HTTP GET of ``url`` from inside ``pod``; its body on stdout."""
+        code = ("import sys, urllib.request; "
+                f"sys.stdout.write(urllib.request.urlopen({url!r}, timeout={timeout})"
+                ".read().decode())")
+        return self.exec_python(pod, code, check=check, timeout=timeout + 60)
+
+
+def pod_ip(workloads: Workloads, pod: str) -> str:
+    ip = workloads.get("pod", pod)["status"].get("podIP")
+    assert ip, f"pod {pod} has no IP"
+    return str(ip)
+
+
+def eventually(condition: Any, *, timeout: float, what: str, interval: float = 0.5) -> None:
+    wait_for(condition, timeout=timeout, interval=interval, what=what)
+
+
+def processes_in_netns(netns_file: Path) -> list[int]:
+    """PIDs whose network namespace is the one bound at ``netns_file``."""
+    try:
+        target = netns_file.stat().st_ino
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if (entry / "ns" / "net").stat().st_ino == target:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
