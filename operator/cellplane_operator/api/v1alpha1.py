@@ -386,8 +386,11 @@ class TenantSpec(ApiModel):
                                                 json_schema_extra=list_map("url"))
     """Where the cell reports the tenant's job events."""
     deletion_policy: Literal["Retain", "Delete"] = "Retain"
-    """On deletion, Retain keeps the tenant's data in its cell, disabled; Delete removes
-    it, and a dedicated tenant's cell with it."""
+    """On deletion, Retain keeps the tenant's data in its cell, disabled, under its tenant
+    id (status.tenantId, named again by the Removed Event; the cell's admin API reaches
+    it there); Delete removes it, and a dedicated tenant's cell with it. The tenant id
+    is made from the object's uid: a Tenant created again under the same name is a new
+    tenant, with none of a retained predecessor's data."""
 
 
 class TenantStatus(ApiModel):
