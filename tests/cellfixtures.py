@@ -10,6 +10,7 @@ from psycopg.types.json import Jsonb
 
 from cellplane_cells.migrate import migrate
 from cellplane_operator.localplane import PostgresInstance
+from cellplane_operator.localplane.pgauth import new_password, scram_verifier, write_passfile
 
 CELL = "cell-test"
 
@@ -21,6 +22,16 @@ def create_cell_database(pg: PostgresInstance, dbname: str = "cell") -> str:
     migrate(conninfo, cell=CELL)
     grant(conninfo, epoch=1, seconds=3600)
     return conninfo
+
+
+def role_conninfo(pg: PostgresInstance, dbname: str, role: str) -> str:
+    """A conninfo of one of the cell's roles (``cellplane_cells.roles``), as a cell process
+    gets it: the role is given a new password, kept in a passfile of its own."""
+    password = new_password()
+    pg.execute(f"ALTER ROLE {role} LOGIN PASSWORD '{scram_verifier(password)}'")
+    passfile = write_passfile(pg.passfile.with_name(f"{pg.passfile.stem}.{role}.pgpass"),
+                              {role: password})
+    return pg.dsn_for(dbname, user=role, passfile=passfile)
 
 
 def grant(conninfo: str, *, epoch: int, seconds: float) -> None:

@@ -8,6 +8,7 @@ test failed, and every PID the test saw must be gone.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -50,6 +51,12 @@ class Sites:
 
     def pids(self, site: SiteKey) -> dict[str, int]:
         return {role: p.pid for role, p in self.state(site).processes.items()}
+
+    def credentials(self, site: SiteKey) -> dict[str, str]:
+        """The cell's database passwords as the site keeps them, by role."""
+        found = json.loads(self.layout(site).credentials_file.read_text())
+        assert isinstance(found, dict)
+        return {str(role): str(password) for role, password in found.items()}
 
     def control_data(self, site: SiteKey) -> dict[str, str]:
         """pg_controldata of the site's data dir, by label."""

@@ -82,19 +82,23 @@ def _work(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        # Job slots, the reaper, and the relay's few concurrent statements.
-        pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.slots + 6,
+        # Job slots and the reaper; the relay's few concurrent statements in a pool of
+        # their own, as the relay's role (the one that may read webhook secrets).
+        pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.slots + 2,
                          name="worker")
+        relay_pool = open_pool(settings.relay_database or settings.database,
+                               epoch=settings.epoch, max_size=4, name="relay")
         try:
             # Every call to a target or a webhook goes through the cell's URL policy.
             async with guarded_client(allow_private=settings.allow_private_targets) as http:
                 worker = Worker(pool, http, config)
-                relay = Relay(pool, http, RelayConfig(relay_id=args.worker_id))
+                relay = Relay(relay_pool, http, RelayConfig(relay_id=args.worker_id))
                 logging.getLogger("cellplane.cell").info(
                     "worker %s up: epoch %d, %d slots, webhook relay on",
                     config.worker_id, config.epoch, config.slots)
                 await asyncio.gather(worker.run(stop), relay.run(stop))
         finally:
+            relay_pool.close()
             pool.close()
 
     asyncio.run(main())
@@ -113,8 +117,13 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.admin_token or len(args.admin_token) < 16:
         raise SystemExit("cellplane cell serve: --admin-token (16+ characters) is required")
     pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.pool_size, name="api")
+    # The admin API's own role may read tenant secrets (it carries them through a move);
+    # the tenant API's may not.
+    admin_pool = (pool if settings.admin_database is None else
+                  open_pool(settings.admin_database, epoch=settings.epoch, max_size=4,
+                            name="admin"))
     tenant_app = create_tenant_app(pool)
-    admin_app = create_admin_app(pool, admin_token=args.admin_token,
+    admin_app = create_admin_app(admin_pool, admin_token=args.admin_token,
                                  allow_private_targets=settings.allow_private_targets)
 
     async def main() -> None:
@@ -129,5 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     finally:
+        if admin_pool is not pool:
+            admin_pool.close()
         pool.close()
     return 0

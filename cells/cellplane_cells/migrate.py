@@ -3,6 +3,9 @@
 Each ``migrations/NNNN_name.sql`` runs once, in its own transaction, in number
 order; ``schema_migrations`` records what ran. An advisory lock keeps two
 processes of one cell starting together from applying the same file twice.
+After the migrations, ``sql/privileges.sql`` gives the cell's roles
+(``roles.py``) their grants again: it is computed from the schema as it now
+is, so a table or column a migration adds is covered without another step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import psycopg
 __all__ = ["Migration", "available_migrations", "migrate"]
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+PRIVILEGES_SQL = Path(__file__).parent / "sql" / "privileges.sql"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # Any constant shared by every cell process; it only has to differ from other
 # advisory-lock users of the same database.
@@ -62,6 +66,8 @@ def migrate(conninfo: str, *, cell: str) -> list[int]:
                     conn.execute("INSERT INTO schema_migrations (number, name) VALUES (%s, %s)",
                                  (migration.number, migration.name))
                 applied_now.append(migration.number)
+            with conn.transaction():
+                conn.execute(PRIVILEGES_SQL.read_bytes())
             conn.execute(
                 "INSERT INTO placement_group (cell) VALUES (%s) ON CONFLICT (singleton) DO NOTHING",
                 (cell,),

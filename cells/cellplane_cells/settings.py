@@ -19,6 +19,12 @@ class CellSettings:
     """The placement-group epoch this process acts under (the lease owner gives it)."""
     allow_private_targets: bool = False
     """Development mode: loopback and private addresses may be targets and webhooks."""
+    admin_database: str | None = None
+    """The admin API's conninfo (its own role, which may read tenant secrets to move them);
+    None: ``database``."""
+    relay_database: str | None = None
+    """The webhook relay's conninfo (its own role, which may read webhook secrets to sign);
+    None: ``database``."""
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -28,6 +34,12 @@ def _env(name: str, default: str | None = None) -> str | None:
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database", default=_env("DATABASE"),
                         help="libpq conninfo of the cell database (CELLPLANE_CELL_DATABASE)")
+    parser.add_argument("--admin-database", default=_env("ADMIN_DATABASE"),
+                        help="conninfo of the admin API's pool, when its role differs "
+                             "(CELLPLANE_CELL_ADMIN_DATABASE; default: --database)")
+    parser.add_argument("--relay-database", default=_env("RELAY_DATABASE"),
+                        help="conninfo of the webhook relay's pool, when its role differs "
+                             "(CELLPLANE_CELL_RELAY_DATABASE; default: --database)")
     parser.add_argument("--cell", default=_env("NAME", "cell"),
                         help="cell name (CELLPLANE_CELL_NAME)")
     parser.add_argument("--epoch", type=int, default=int(_env("EPOCH", "0") or 0),
@@ -43,4 +55,5 @@ def settings_from(args: argparse.Namespace) -> CellSettings:
     if args.epoch < 1:
         raise SystemExit("cellplane cell: --epoch (or CELLPLANE_CELL_EPOCH) must be >= 1")
     return CellSettings(database=args.database, cell=args.cell, epoch=args.epoch,
-                        allow_private_targets=args.allow_private_targets)
+                        allow_private_targets=args.allow_private_targets,
+                        admin_database=args.admin_database, relay_database=args.relay_database)

@@ -181,8 +181,10 @@ def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     import cellplane_operator.handlers  # noqa: F401  (registers the handlers)
+    from cellplane_operator.kube import KubeClient, KubeConfig
     from cellplane_operator.localplane.binaries import Binaries
     from cellplane_operator.settings import OperatorSettings
+    from cellplane_operator.sites.credentials import SecretCredentials
     from cellplane_operator.sites.local import LocalSiteDriver
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -209,7 +211,11 @@ def _run_operator(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True,
         move_progress_deadline_seconds=args.move_progress_deadline_seconds,
         kube_timeout_seconds=args.kube_timeout_seconds)
-    driver = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir)
+    # The cells' database passwords: one Secret per cell, shared by every region's operator.
+    credentials = SecretCredentials(lambda: KubeClient(KubeConfig.load(settings.kubeconfig)),
+                                    settings.namespace)
+    driver = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir,
+                             credentials=credentials)
     if args.metrics_port:
         from cellplane_operator.metrics import OPERATOR_REGISTRY
 

@@ -4,11 +4,20 @@ It serves TLS on loopback with a generated CA, authorizes with RBAC, signs
 service-account tokens (so the TokenRequest API works) and keeps its data in the
 local etcd. An admin identity in ``system:masters`` and a kubeconfig for it are
 written next to its certificates.
+
+Secrets are encrypted at rest, as a production cluster's should be: an
+EncryptionConfiguration with a secretbox key made for this plane (kept, mode
+0600, in its private run directory, and reused if the apiserver restarts over
+the same etcd), so etcd holds ``k8s:enc:secretbox:v1:...``, never a Secret's
+bytes. docs/security.md says what a real cluster needs.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import secrets
 import socket
 import ssl
 import subprocess
@@ -23,7 +32,38 @@ from cellplane_operator.localplane.pki import ApiServerPki, make_apiserver_pki
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
 from cellplane_operator.localplane.process import ManagedProcess
 
-__all__ = ["KubeApiServer", "write_kubeconfig", "non_loopback_address"]
+__all__ = ["KubeApiServer", "write_kubeconfig", "non_loopback_address",
+           "write_encryption_config", "ENCRYPTION_KEY_NAME"]
+
+ENCRYPTION_KEY_NAME = "cellplane-local"
+"""The key's name in the EncryptionConfiguration: etcd values start
+``k8s:enc:secretbox:v1:cellplane-local:``."""
+
+
+def write_encryption_config(path: Path) -> Path:
+    """An EncryptionConfiguration that encrypts Secrets with a new 32-byte secretbox key
+    (mode 0600); an existing file is kept, since the data in etcd needs its key.
+
+    ``identity`` comes last so that Secrets written before encryption was on can still
+    be read (and are encrypted when next written).
+    """
+    if path.exists():
+        return path
+    key = base64.b64encode(secrets.token_bytes(32)).decode()
+    config = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "EncryptionConfiguration",
+        "resources": [{
+            "resources": ["secrets"],
+            "providers": [{"secretbox": {"keys": [{"name": ENCRYPTION_KEY_NAME, "secret": key}]}},
+                          {"identity": {}}],
+        }],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(yaml.safe_dump(config, sort_keys=False))
+    return path
 
 
 def non_loopback_address() -> str:
@@ -98,6 +138,7 @@ class KubeApiServer:
         self.process: ManagedProcess | None = None
         self.pki: ApiServerPki | None = None
         self.kubeconfig = self._dir / "kubeconfig"
+        self.encryption_config = self._dir / "encryption-config.yaml"
 
     @property
     def url(self) -> str:
@@ -105,6 +146,7 @@ class KubeApiServer:
 
     def start(self, *, timeout: float = 120) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir.chmod(0o700)  # private keys, the encryption key, the admin kubeconfig
         self.pki = pki = make_apiserver_pki(
             self._dir / "pki",
             hosts=[LOOPBACK, "localhost", self.advertise_address, "kubernetes",
@@ -112,6 +154,7 @@ class KubeApiServer:
         )
         write_kubeconfig(self.kubeconfig, server=self.url, ca_cert=pki.ca_cert,
                          client_cert=pki.admin_cert, client_key=pki.admin_key)
+        write_encryption_config(self.encryption_config)
         argv = [
             str(self._binaries.kube_apiserver),
             f"--etcd-servers={','.join(self._etcd_servers)}",
@@ -127,6 +170,7 @@ class KubeApiServer:
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             "--authorization-mode=RBAC",
+            f"--encryption-provider-config={self.encryption_config}",
             f"--service-account-issuer={self.url}",
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",

@@ -4,6 +4,10 @@ Clusters are made with data checksums, so pg_rewind can later turn a fenced old
 primary into a standby of the new one. Postgres refuses to run as root, so when
 the launcher is root (as CI is) every server program runs as the ``postgres``
 OS user and owns its data directory.
+
+No connection is trusted (``localplane.pgauth``): the superuser has a password
+from initdb on, standbys stream as the replication role, and every password
+reaches libpq through a passfile.
 """
 
 from __future__ import annotations
@@ -17,20 +21,20 @@ from typing import Any
 import psycopg
 
 from cellplane_operator.localplane.binaries import Binaries
+from cellplane_operator.localplane.pgauth import (
+    REPLICATION_ROLE,
+    SCRAM_HBA,
+    new_password,
+    scram_verifier,
+    write_passfile,
+)
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
 from cellplane_operator.localplane.process import ManagedProcess, run_checked
 
 __all__ = ["PostgresInstance", "postgres_os_user", "init_primary_cluster", "base_backup",
-           "postgres_argv"]
+           "postgres_argv", "SUPERUSER"]
 
 SUPERUSER = "postgres"
-
-# Every instance listens on loopback only and trusts loopback: these clusters
-# hold test data and live for one test or one demo.
-_HBA = """\
-host    all             all             127.0.0.1/32    trust
-host    replication     all             127.0.0.1/32    trust
-"""
 
 _CONF = """
 listen_addresses = '127.0.0.1'
@@ -74,23 +78,48 @@ class PostgresInstance:
         self._durable = durable
         self._os_user = postgres_os_user()
         self.process: ManagedProcess | None = None
+        self.passwords = {SUPERUSER: new_password(), REPLICATION_ROLE: new_password()}
+        """The cluster's: a standby's are its primary's, since roles replicate."""
+        self.passfile = base_dir / f"pg-{name}.pgpass"
+        """The superuser's password for this process's connections (mode 0600)."""
+        self._server_passfile = base_dir / f"pg-{name}.server.pgpass"
+        """The replication role's, for the Postgres OS user's base backup and WAL receiver."""
 
     @property
     def dsn(self) -> str:
-        return f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname=postgres"
+        return self.dsn_for("postgres")
 
-    def dsn_for(self, dbname: str) -> str:
-        return f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname={dbname}"
+    def dsn_for(self, dbname: str, *, user: str = SUPERUSER,
+                passfile: Path | None = None) -> str:
+        return (f"host={LOOPBACK} port={self.port} user={user} dbname={dbname} "
+                f"passfile={passfile or self.passfile}")
 
     def init_primary(self) -> None:
         """A new cluster with data checksums, configured for streaming replication."""
+        write_passfile(self.passfile, {SUPERUSER: self.passwords[SUPERUSER]})
         init_primary_cluster(self._binaries, self.data_dir, log=self.log, os_user=self._os_user,
-                             durable=self._durable)
+                             durable=self._durable, superuser_password=self.passwords[SUPERUSER])
 
     def init_standby_of(self, primary: PostgresInstance) -> None:
-        """A base backup of ``primary`` that streams from it (``pg_basebackup -R``)."""
+        """A base backup of ``primary`` that streams from it (``pg_basebackup -R``), as the
+        replication role (made on the primary first)."""
+        primary.execute(primary.replication_role_sql())
+        self.passwords = dict(primary.passwords)
+        write_passfile(self.passfile, {SUPERUSER: self.passwords[SUPERUSER]})
+        server_passfile = write_passfile(
+            self._server_passfile, {REPLICATION_ROLE: self.passwords[REPLICATION_ROLE]},
+            owner=self._os_user)
         base_backup(self._binaries, self.data_dir, log=self.log, os_user=self._os_user,
-                    host=LOOPBACK, port=primary.port, label=f"cellplane-{self.name}")
+                    host=LOOPBACK, port=primary.port, label=f"cellplane-{self.name}",
+                    passfile=server_passfile)
+
+    def replication_role_sql(self) -> str:
+        """Creates the replication role with its password, or sets the password."""
+        verifier = scram_verifier(self.passwords[REPLICATION_ROLE])
+        return (f"DO $$ BEGIN "
+                f"IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{REPLICATION_ROLE}') THEN "
+                f"CREATE ROLE {REPLICATION_ROLE} LOGIN REPLICATION; END IF; "
+                f"ALTER ROLE {REPLICATION_ROLE} LOGIN REPLICATION PASSWORD '{verifier}'; END $$")
 
     def start(self, *, timeout: float = 60) -> None:
         argv = postgres_argv(self._binaries, self.data_dir, self.port)
@@ -140,27 +169,38 @@ class PostgresInstance:
 # configuration but its own start/adopt/stop path.
 
 def init_primary_cluster(binaries: Binaries, data_dir: Path, *, log: Path, os_user: str | None,
-                         durable: bool = False) -> None:
-    """``initdb --data-checksums`` into a fresh ``data_dir``: replication-ready, trusts loopback."""
+                         superuser_password: str, durable: bool = False) -> None:
+    """``initdb --data-checksums`` into a fresh ``data_dir``: replication-ready, the
+    superuser's password set from the start (no moment of trust), SCRAM on loopback."""
     _prepare_dir(data_dir, log, os_user)
-    run_checked(
-        [binaries.pg("initdb"), "-D", str(data_dir), "--data-checksums",
-         "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C"],
-        log=log, user=os_user,
-    )
-    (data_dir / "pg_hba.conf").write_text(_HBA)
+    # initdb (the Postgres OS user) reads the password from a file, never its argv; the
+    # file is beside the data dir (initdb wants that empty) and gone once it ran.
+    pwfile = write_passfile(data_dir.parent / f".{data_dir.name}.pwfile", {}, owner=os_user)
+    pwfile.write_text(superuser_password + "\n")
+    try:
+        run_checked(
+            [binaries.pg("initdb"), "-D", str(data_dir), "--data-checksums",
+             "-U", SUPERUSER, "--auth=scram-sha-256", f"--pwfile={pwfile}",
+             "--encoding=UTF8", "--locale=C"],
+            log=log, user=os_user,
+        )
+    finally:
+        pwfile.unlink(missing_ok=True)
+    (data_dir / "pg_hba.conf").write_text(SCRAM_HBA)
     with (data_dir / "postgresql.conf").open("a") as conf:
         conf.write(_CONF.format(fsync="on" if durable else "off"))
 
 
 def base_backup(binaries: Binaries, data_dir: Path, *, log: Path, os_user: str | None,
-                host: str, port: int, label: str) -> None:
-    """``pg_basebackup -R`` of the primary at ``host:port`` into a fresh ``data_dir``."""
+                host: str, port: int, label: str, passfile: Path) -> None:
+    """``pg_basebackup -R`` of the primary at ``host:port`` into a fresh ``data_dir``, as the
+    replication role whose password ``passfile`` holds (readable by ``os_user``); the
+    ``primary_conninfo`` it writes names that passfile too."""
     _prepare_dir(data_dir, log, os_user)
+    conninfo = f"host={host} port={port} user={REPLICATION_ROLE} passfile={passfile}"
     run_checked(
-        [binaries.pg("pg_basebackup"), "-h", host, "-p", str(port),
-         "-U", SUPERUSER, "-D", str(data_dir), "-R", "-X", "stream",
-         "--checkpoint=fast", f"--label={label}"],
+        [binaries.pg("pg_basebackup"), "-d", conninfo, "-D", str(data_dir), "-R",
+         "-X", "stream", "--checkpoint=fast", f"--label={label}"],
         log=log, user=os_user,
     )
 

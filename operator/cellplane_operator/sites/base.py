@@ -53,10 +53,16 @@ class DatabaseEndpoint:
     port: int
     dbname: str
     user: str
+    """The operator's role there: the superuser."""
+    passfile: str | None = None
+    """The libpq passfile that holds that role's password, on the machine of the site's
+    operator (a path, never the password: endpoints are published in etcd). Another
+    region's operator connects with its own copy of the cell's credentials."""
 
     @property
     def conninfo(self) -> str:
-        return f"host={self.host} port={self.port} user={self.user} dbname={self.dbname}"
+        conninfo = f"host={self.host} port={self.port} user={self.user} dbname={self.dbname}"
+        return conninfo if self.passfile is None else f"{conninfo} passfile={self.passfile}"
 
 
 @dataclass(frozen=True)

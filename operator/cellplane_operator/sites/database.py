@@ -1,10 +1,15 @@
 """A site's own Postgres: created once, started detached, adopted by the next operator.
 
 The cluster is configured exactly as the local control plane's (initdb with
-data checksums, replication-ready, trust on loopback: ``localplane.postgres``),
-but its life is the site's, not a Python object's: the postmaster runs in its
-own session and is found again through ``postmaster.pid`` in the data
-directory, which Postgres itself keeps.
+data checksums, replication-ready, SCRAM passwords on loopback:
+``localplane.postgres``), but its life is the site's, not a Python object's:
+the postmaster runs in its own session and is found again through
+``postmaster.pid`` in the data directory, which Postgres itself keeps.
+
+Passwords are the cell's (``sites/credentials.py``), kept in the site's
+``secrets/``; every connection names a passfile. A cluster made before
+passwords existed (it trusted loopback) is upgraded in place the first time
+this code meets it (``secure_primary``, ``secure_standby``).
 
 Every method blocks; the driver calls them in threads.
 """
@@ -19,12 +24,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from cellplane_cells.roles import PROCESS_ROLES
 from cellplane_operator.errors import CellplaneError, SiteError
 from cellplane_operator.localplane.binaries import Binaries
+from cellplane_operator.localplane.pgauth import (
+    REPLICATION_ROLE,
+    SCRAM_HBA,
+    scram_verifier,
+    verifier_matches,
+    write_passfile,
+)
 from cellplane_operator.localplane.ports import LOOPBACK
 from cellplane_operator.localplane.postgres import (
     SUPERUSER,
@@ -34,11 +49,12 @@ from cellplane_operator.localplane.postgres import (
 )
 from cellplane_operator.localplane.process import tail, wait_for
 from cellplane_operator.sites.base import DatabaseEndpoint
+from cellplane_operator.sites.credentials import DatabaseCredentials, write_private
 from cellplane_operator.sites.processes import ProcessRecord, spawn, start_time, stop_processes
 from cellplane_operator.sites.state import SiteLayout
 
 __all__ = ["SiteDatabase", "DatabaseHealth", "CELL_DBNAME", "running_postmaster", "stop_postgres",
-           "parse_control_data"]
+           "parse_control_data", "write_primary_conninfo"]
 
 CELL_DBNAME = "cellplane"
 """The database that holds a cell's tables, on every site."""
@@ -58,6 +74,8 @@ SELECT pg_is_in_recovery(),
        CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn()::text END
 """
 DATABASE_EXISTS_SQL = b"SELECT 1 FROM pg_database WHERE datname = %s"
+VERIFIERS_SQL = b"SELECT rolname, rolpassword, rolcanlogin FROM pg_authid"
+RELOAD_SQL = b"SELECT pg_reload_conf()"
 # The hba file of a site opened for reading: it listens on a private socket only,
 # and whoever can enter that directory is this operator (or root).
 READING_HBA = """\
@@ -102,10 +120,116 @@ class SiteDatabase:
 
     @property
     def endpoint(self) -> DatabaseEndpoint:
-        return DatabaseEndpoint(host=LOOPBACK, port=self.port, dbname=CELL_DBNAME, user=SUPERUSER)
+        """The operator's way in: the superuser, its password in the site's passfile."""
+        return DatabaseEndpoint(host=LOOPBACK, port=self.port, dbname=CELL_DBNAME, user=SUPERUSER,
+                                passfile=str(self._layout.passfile(SUPERUSER)))
 
     def dsn(self, dbname: str = "postgres") -> str:
-        return f"host={LOOPBACK} port={self.port} user={SUPERUSER} dbname={dbname}"
+        return make_conninfo(host=LOOPBACK, port=self.port, user=SUPERUSER, dbname=dbname,
+                             passfile=str(self._layout.passfile(SUPERUSER)))
+
+    def role_conninfo(self, role: str) -> str:
+        """A cell process's conninfo: its own role, its own passfile (no password in it)."""
+        return make_conninfo(host=LOOPBACK, port=self.port, user=role, dbname=CELL_DBNAME,
+                             passfile=str(self._layout.passfile(role)))
+
+    def replication_conninfo(self, primary: DatabaseEndpoint) -> str:
+        """``primary_conninfo``: the replication role, with the Postgres OS user's passfile."""
+        return make_conninfo(host=primary.host, port=primary.port, user=REPLICATION_ROLE,
+                             passfile=str(self._layout.server_passfile),
+                             application_name=self._layout.root.name)
+
+    def rewind_source(self, primary: DatabaseEndpoint) -> str:
+        """pg_rewind's ``--source-server``: it reads files through SQL, as the superuser."""
+        return make_conninfo(host=primary.host, port=primary.port, user=SUPERUSER,
+                             dbname="postgres", passfile=str(self._layout.server_passfile))
+
+    # -- credentials ---------------------------------------------------------------
+
+    def credentials(self) -> DatabaseCredentials | None:
+        try:
+            return DatabaseCredentials.from_json(self._layout.credentials_file.read_text())
+        except FileNotFoundError:
+            return None
+
+    def install_credentials(self, credentials: DatabaseCredentials) -> None:
+        """The site's copy of the cell's passwords and the passfiles made of them."""
+        if self.credentials() != credentials:
+            write_private(self._layout.credentials_file, credentials.to_json())
+        for role in (SUPERUSER, *PROCESS_ROLES):
+            write_passfile(self._layout.passfile(role), {role: credentials.password(role)})
+        # The Postgres OS user's: replication, and pg_rewind's superuser session. That user
+        # owns the data directory, and so every row, already: this gives it nothing new.
+        write_passfile(self._layout.server_passfile,
+                       {role: credentials.password(role) for role in (SUPERUSER, REPLICATION_ROLE)},
+                       owner=self._os_user)
+
+    def _required_credentials(self) -> DatabaseCredentials:
+        found = self.credentials()
+        if found is None:
+            raise SiteError(f"{self._layout.root.name} has no database credentials "
+                            f"({self._layout.credentials_file} is missing)")
+        return found
+
+    def secure_primary(self) -> None:
+        """A cluster that still trusts loopback (made before passwords) gets the superuser's
+        password first, then the SCRAM pg_hba.conf, reloaded: nobody is locked out, and
+        from then on nobody gets in without a password."""
+        if not self._trusts():
+            return
+        credentials = self._required_credentials()
+        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as conn:
+            _set_password(conn, SUPERUSER, credentials.password(SUPERUSER), create=False)
+            self.write_scram_hba()
+            conn.execute(RELOAD_SQL)
+
+    def set_role_passwords(self) -> None:
+        """Every role's password on the primary (its standbys get them by replication):
+        only where the stored verifier does not already accept it. Run after the
+        migrations, which create the cell processes' roles."""
+        credentials = self._required_credentials()
+        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as conn:
+            stored = {row[0]: (row[1], row[2]) for row in conn.execute(VERIFIERS_SQL)}
+            for role in (SUPERUSER, REPLICATION_ROLE, *PROCESS_ROLES):
+                verifier, can_login = stored.get(role, (None, False))
+                if not can_login or not verifier_matches(verifier, credentials.password(role)):
+                    _set_password(conn, role, credentials.password(role),
+                                  create=role not in stored)
+
+    def secure_standby(self, primary: DatabaseEndpoint) -> bool:
+        """A standby made before passwords (it trusts loopback, or streams as the superuser
+        without a password) moves to the replication role and SCRAM, once the primary's
+        passwords have reached it by replication; until then it is left as it is (the
+        primary's operator sets them first). True when it is secured."""
+        auto = self.data_dir / "postgresql.auto.conf"
+        wanted = self.replication_conninfo(primary)
+        conninfo_current = _conninfo_line(wanted) in auto.read_text().splitlines()
+        if not self._trusts() and conninfo_current:
+            return True
+        credentials = self._required_credentials()
+        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as conn:
+            stored = {row[0]: row[1] for row in conn.execute(VERIFIERS_SQL)}
+            if not all(verifier_matches(stored.get(role), credentials.password(role))
+                       for role in (SUPERUSER, REPLICATION_ROLE)):
+                return False
+            if not conninfo_current:
+                write_primary_conninfo(self.data_dir, wanted)
+            self.write_scram_hba()
+            conn.execute(RELOAD_SQL)
+        return True
+
+    def _trusts(self) -> bool:
+        """Does the cluster's pg_hba.conf still let anyone in without a password?"""
+        try:
+            text = (self.data_dir / "pg_hba.conf").read_text()
+        except FileNotFoundError:
+            return False
+        return any(line.split()[-1] == "trust" for line in text.splitlines()
+                   if line.strip() and not line.lstrip().startswith("#"))
+
+    def write_scram_hba(self) -> None:
+        """The SCRAM pg_hba.conf, written in place (the file keeps its owner)."""
+        (self.data_dir / "pg_hba.conf").write_text(SCRAM_HBA)
 
     @property
     def initialized(self) -> bool:
@@ -129,9 +253,10 @@ class SiteDatabase:
 
     def init_primary(self) -> None:
         self._check_reachable()
+        password = self._required_credentials().password(SUPERUSER)
         try:
             init_primary_cluster(self._binaries, self.data_dir, log=self.log,
-                                 os_user=self._os_user)
+                                 os_user=self._os_user, superuser_password=password)
         except CellplaneError as error:
             raise SiteError(f"initdb for {self._layout.root.name} failed: {error}") from error
 
@@ -140,7 +265,11 @@ class SiteDatabase:
         try:
             base_backup(self._binaries, self.data_dir, log=self.log, os_user=self._os_user,
                         host=primary.host, port=primary.port,
-                        label=f"cellplane-{self._layout.root.name}")
+                        label=f"cellplane-{self._layout.root.name}",
+                        passfile=self._layout.server_passfile)
+            # The same primary_conninfo as every later re-point writes (secure_standby
+            # compares it).
+            write_primary_conninfo(self.data_dir, self.replication_conninfo(primary))
         except CellplaneError as error:
             raise SiteError(f"pg_basebackup for {self._layout.root.name} from "
                             f"{primary.host}:{primary.port} failed: {error}") from error
@@ -283,6 +412,32 @@ class SiteDatabase:
                 f"the {self._os_user} OS user (which runs Postgres) cannot enter "
                 f"{self._layout.root}: every parent directory needs o+x "
                 "(pytest's tmp_path, for one, is private to its user)")
+
+
+def write_primary_conninfo(data_dir: Path, conninfo: str) -> None:
+    """``primary_conninfo`` in postgresql.auto.conf, replacing any other (as ``pg_basebackup -R``
+    writes it); the file keeps its owner."""
+    auto = data_dir / "postgresql.auto.conf"
+    kept = [line for line in auto.read_text().splitlines()
+            if not line.strip().startswith("primary_conninfo")]
+    kept.append(_conninfo_line(conninfo))
+    auto.write_text("\n".join(kept) + "\n")
+
+
+def _conninfo_line(conninfo: str) -> str:
+    quoted = conninfo.replace("'", "''")
+    return f"primary_conninfo = '{quoted}'"
+
+
+def _set_password(conn: psycopg.Connection[Any], role: str, password: str, *,
+                  create: bool) -> None:
+    """The role can log in with ``password``; the server is sent its SCRAM verifier, never
+    the password, so no statement log holds it."""
+    verb = "CREATE" if create else "ALTER"
+    conn.execute(sql.SQL("{} ROLE {} LOGIN PASSWORD {}").format(
+        sql.SQL(verb), sql.Identifier(role), sql.Literal(scram_verifier(password))))
+    if role == REPLICATION_ROLE:
+        conn.execute(sql.SQL("ALTER ROLE {} REPLICATION").format(sql.Identifier(role)))
 
 
 def running_postmaster(layout: SiteLayout) -> ProcessRecord | None:

@@ -33,7 +33,7 @@ from cellplane_operator.errors import CellplaneError, SiteError
 from cellplane_operator.localplane.process import run_checked, tail
 from cellplane_operator.metrics import old_primary_fenced, old_primary_rebuilt
 from cellplane_operator.sites.base import DatabaseEndpoint, SiteKey
-from cellplane_operator.sites.database import SiteDatabase
+from cellplane_operator.sites.database import SiteDatabase, write_primary_conninfo
 from cellplane_operator.sites.state import SiteLayout, SiteState
 
 __all__ = ["FENCED", "DEMOTED", "KEPT_DOWN", "ASIDE_DATA_DIR", "promote", "fence", "demote",
@@ -148,7 +148,7 @@ def rewind_or_clone(site: SiteKey, layout: SiteLayout, db: SiteDatabase,
             # An earlier fallback stopped half-way: the original is the one aside.
             raise SiteError(f"{aside} holds the data of an unfinished base backup")
         run_checked([pg_rewind, f"--target-pgdata={db.data_dir}",
-                     f"--source-server={primary.conninfo}", "--progress"],
+                     f"--source-server={db.rewind_source(primary)}", "--progress"],
                     log=db.log, user=os_user)
         old_primary_rebuilt(site.cell, site.region, "pg_rewind")
         return "pg_rewind"
@@ -187,11 +187,7 @@ def write_standby_config(db: SiteDatabase, primary: DatabaseEndpoint) -> None:
     (if the source was a standby once) names this very site: it is replaced.
     """
     auto = db.data_dir / "postgresql.auto.conf"
-    kept = [line for line in auto.read_text().splitlines()
-            if not line.strip().startswith("primary_conninfo")]
-    conninfo = f"user={primary.user} host={primary.host} port={primary.port}"
-    kept.append(f"primary_conninfo = '{conninfo}'")
-    auto.write_text("\n".join(kept) + "\n")
+    write_primary_conninfo(db.data_dir, db.replication_conninfo(primary))
     signal_file = db.data_dir / "standby.signal"
     signal_file.touch()
     shutil.copymode(auto, signal_file)

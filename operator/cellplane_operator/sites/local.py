@@ -17,6 +17,12 @@ match the decision, the way a Deployment controller would:
 Blocking work (initdb, base backups, waits) runs in threads, so the operator's
 event loop keeps renewing leases meanwhile. Calls for different sites may run
 concurrently; each site has its own lock.
+
+The cell's database passwords come from a ``CredentialSource`` (the cell's
+Secret, for the operator) the first time a site needs them and are kept in the
+site's ``secrets/`` from then on: promoting, serving and restarting never ask
+the source again. Each cell process connects as its own role
+(``cellplane_cells.roles``) with its own passfile.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import httpx
+import psycopg
 
 from cellplane_cells.migrate import migrate
+from cellplane_cells.roles import ADMIN_API_ROLE, API_ROLE, RELAY_ROLE, WORKER_ROLE
 from cellplane_operator.errors import CellplaneError, SiteError
 from cellplane_operator.localplane.binaries import Binaries
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
@@ -47,6 +56,11 @@ from cellplane_operator.sites.base import (
     SiteEndpoints,
     SiteHealth,
     SiteKey,
+)
+from cellplane_operator.sites.credentials import (
+    CredentialSource,
+    DatabaseCredentials,
+    GeneratedCredentials,
 )
 from cellplane_operator.sites.database import CELL_DBNAME, SiteDatabase, stop_postgres
 from cellplane_operator.sites.failover import (
@@ -67,6 +81,11 @@ SERVE_TIMEOUT = 60.0
 STOP_GRACE = 10.0
 """SIGTERM to SIGKILL for the API and workers (they finish in-flight requests and steps)."""
 MIN_TOKEN_LENGTH = 16  # what ``cellplane cell serve`` demands
+GENERATED_CREDENTIALS = ".credentials"
+"""Under the state dir: the passwords of a driver given no source (tests, one machine)."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 @dataclass(frozen=True)
 class _Wanted:
@@ -89,10 +108,12 @@ class LocalSiteDriver:
     """``SiteDriver`` on this machine (see ``sites/base.py``)."""
 
     def __init__(self, binaries: Binaries, state_dir: Path, *,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable,
+                 credentials: CredentialSource | None = None) -> None:
         self._binaries = binaries
         self._state_dir = state_dir
         self._python = python
+        self._credentials = credentials or GeneratedCredentials(state_dir / GENERATED_CREDENTIALS)
         self._os_user = postgres_os_user()
         self._locks: dict[str, asyncio.Lock] = {}
         # One client for every health probe, from every thread (httpx clients are
@@ -106,17 +127,14 @@ class LocalSiteDriver:
     # -- the protocol ------------------------------------------------------------------
 
     async def ensure_primary_database(self, site: SiteKey) -> DatabaseEndpoint:
-        async with self._lock(site):
-            return await asyncio.to_thread(self._ensure_primary, site)
+        return await self._with_credentials(site, self._ensure_primary, site)
 
     async def ensure_standby_database(self, site: SiteKey,
                                       primary: DatabaseEndpoint) -> DatabaseEndpoint:
-        async with self._lock(site):
-            return await asyncio.to_thread(self._ensure_standby, site, primary)
+        return await self._with_credentials(site, self._ensure_standby, site, primary)
 
     async def promote_database(self, site: SiteKey) -> DatabaseEndpoint:
-        async with self._lock(site):
-            return await asyncio.to_thread(self._promote, site)
+        return await self._with_credentials(site, self._promote, site)
 
     async def database_role(self, site: SiteKey) -> str | None:
         # No lock: site.json is replaced by a rename, so a read sees a whole record,
@@ -142,16 +160,13 @@ class LocalSiteDriver:
 
     async def rebuild_as_standby(self, site: SiteKey,
                                  primary: DatabaseEndpoint) -> DatabaseEndpoint:
-        async with self._lock(site):
-            return await asyncio.to_thread(self._rebuild, site, primary)
+        return await self._with_credentials(site, self._rebuild, site, primary)
 
     async def start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
-        async with self._lock(site):
-            return await asyncio.to_thread(self._start_serving, site, spec)
+        return await self._with_credentials(site, self._start_serving, site, spec)
 
     async def warm_up(self, site: SiteKey, spec: ServingSpec) -> None:
-        async with self._lock(site):
-            await asyncio.to_thread(self._warm_up, site, spec)
+        await self._with_credentials(site, self._warm_up, site, spec)
 
     async def stop_serving(self, site: SiteKey) -> None:
         async with self._lock(site):
@@ -165,6 +180,24 @@ class LocalSiteDriver:
         async with self._lock(site):
             await asyncio.to_thread(self._destroy, site)
 
+    async def _with_credentials(self, site: SiteKey, work: Callable[P, R], *args: P.args,
+                                **kwargs: P.kwargs) -> R:
+        """``work`` in a thread, under the site's lock, once the site holds the cell's
+        passwords: asked of the source only when the site has no copy yet."""
+        async with self._lock(site):
+            given: DatabaseCredentials | None = None
+            if not self.layout(site).credentials_file.exists():
+                given = await self._credentials.cell_credentials(site.cell)
+
+            def installed_then_work() -> R:
+                _state, _layout, db = self._open(site)
+                credentials = given or db.credentials()
+                if credentials is not None:
+                    db.install_credentials(credentials)
+                return work(*args, **kwargs)
+
+            return await asyncio.to_thread(installed_then_work)
+
     # -- database ----------------------------------------------------------------------
 
     def _ensure_primary(self, site: SiteKey) -> DatabaseEndpoint:
@@ -174,6 +207,12 @@ class LocalSiteDriver:
             # A handover given up: the old primary serves again, not over its private socket.
             self._stop_reading(state, layout, db)
         self._run_postgres(state, layout, db, create=db.init_primary)
+        try:
+            # A cluster made before passwords is given them before anything else connects.
+            db.secure_primary()
+        except psycopg.Error as error:
+            raise SiteError(f"could not move {site.name} to password authentication: "
+                            f"{error}") from error
         health = db.health()
         if health is not None and health.in_recovery:
             raise SiteError(f"{site.name} holds a standby; promote it before using it as primary")
@@ -182,6 +221,7 @@ class LocalSiteDriver:
         try:
             db.ensure_cell_database()
             migrate(db.endpoint.conninfo, cell=site.cell)
+            db.set_role_passwords()
         except Exception as error:  # psycopg errors and a bad migration alike
             raise SiteError(f"creating or migrating the cell database of {site.name} failed: "
                             f"{error}; postgres log {db.log}:\n{tail(db.log)}") from error
@@ -195,6 +235,13 @@ class LocalSiteDriver:
         self._run_postgres(state, layout, db, create=lambda: db.init_standby(primary))
         state.database = DatabaseIntent("standby", primary.host, primary.port)
         state.save(layout)
+        try:
+            if not db.secure_standby(primary):
+                log.info("%s: still trusts loopback; waiting for the primary's passwords to "
+                         "replicate before requiring them", site.name)
+        except psycopg.Error as error:
+            raise SiteError(f"could not move {site.name} to password authentication: "
+                            f"{error}") from error
         return db.endpoint
 
     def _run_postgres(self, state: SiteState, layout: SiteLayout, db: SiteDatabase, *,
@@ -306,6 +353,9 @@ class LocalSiteDriver:
         how = rewind_or_clone(site, layout, db, primary, pg_rewind=self._binaries.pg("pg_rewind"),
                               os_user=self._os_user)
         restore_hba(layout, db)
+        # A copy of the new primary has its passwords: never the trust of a pg_hba.conf
+        # saved before passwords existed.
+        db.write_scram_hba()
         write_standby_config(db, primary)
         self._run_postgres(state, layout, db, create=_never)
         state.database = DatabaseIntent("standby", primary.host, primary.port)
@@ -368,21 +418,26 @@ class LocalSiteDriver:
         intent = state.serving
         assert intent is not None
         env = {
-            "CELLPLANE_CELL_DATABASE": db.endpoint.conninfo,
             "CELLPLANE_CELL_NAME": site.cell,
             "CELLPLANE_CELL_EPOCH": str(intent.epoch),
             "CELLPLANE_CELL_ALLOW_PRIVATE_TARGETS": "1" if intent.allow_private_targets else "0",
         }
+        # Each pool its own role; a conninfo names a passfile, never a password.
+        api_env = {**env, "CELLPLANE_CELL_DATABASE": db.role_conninfo(API_ROLE),
+                   "CELLPLANE_CELL_ADMIN_DATABASE": db.role_conninfo(ADMIN_API_ROLE),
+                   "CELLPLANE_CELL_ADMIN_TOKEN": token}
+        worker_env = {**env, "CELLPLANE_CELL_DATABASE": db.role_conninfo(WORKER_ROLE),
+                      "CELLPLANE_CELL_RELAY_DATABASE": db.role_conninfo(RELAY_ROLE)}
         command = [self._python, "-m", "cellplane_operator", "cell"]
         wanted = {API: _Wanted(
             API, [*command, "serve", "--host", LOOPBACK, "--port", str(state.ports["api"]),
-                  "--admin-port", str(state.ports["admin"])],
-            {**env, "CELLPLANE_CELL_ADMIN_TOKEN": token}, intent.epoch)}
+                  "--admin-port", str(state.ports["admin"])], api_env, intent.epoch)}
         for i in range(intent.worker_processes):
             role = f"worker-{i}"
             wanted[role] = _Wanted(
                 role, [*command, "work", "--slots", str(intent.slots_per_worker),
-                       "--worker-id", f"{site.name}-w{i}-e{intent.epoch}"], env, intent.epoch)
+                       "--worker-id", f"{site.name}-w{i}-e{intent.epoch}"], worker_env,
+                intent.epoch)
         return wanted
 
     def _converge(self, site: SiteKey, state: SiteState, layout: SiteLayout, db: SiteDatabase,

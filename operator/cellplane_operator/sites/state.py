@@ -9,6 +9,12 @@ The admin token is a secret: it lives beside the file in ``admin-token``
 (mode 0600), never in ``site.json``, so the state can be shown and logged.
 It is kept at all because a process that died must be restarted by ``check``,
 which is given no spec.
+
+The cell's database passwords are secrets too: ``secrets/`` (mode 0700) holds
+them (``credentials.json``) and one libpq passfile per role, each 0600; a cell
+process is handed the path of its own role's passfile, never a password on its
+command line. ``server.pgpass`` (0600, the Postgres OS user's) is what that
+user's pg_basebackup, pg_rewind and WAL receiver read.
 """
 
 from __future__ import annotations
@@ -61,6 +67,23 @@ class SiteLayout:
             return self.token_file.read_text().strip() or None
         except FileNotFoundError:
             return None
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.root / "secrets"
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.secrets_dir / "credentials.json"
+
+    def passfile(self, role: str) -> Path:
+        """The libpq passfile of one database role (this operator's user, mode 0600)."""
+        return self.secrets_dir / f"{role}.pgpass"
+
+    @property
+    def server_passfile(self) -> Path:
+        """The passfile of the Postgres OS user (replication and pg_rewind), mode 0600."""
+        return self.root / "server.pgpass"
 
     def write_token(self, token: str) -> None:
         if self.read_token() == token:
