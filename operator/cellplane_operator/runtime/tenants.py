@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 import re
 import secrets
@@ -726,15 +725,8 @@ def _is_dns_label(name: str) -> bool:
 
 
 def _cell_answer(error: CellApiError) -> str:
-    """The message of a cell's JSON refusal (``{"error": {"code", "message"}}``), else the
-    whole error."""
-    text = str(error)
-    try:
-        found = json.loads(text[text.index("{"):])
-        refusal = found["error"]
-        return f"{refusal['message']} ({refusal['code']})"
-    except (ValueError, KeyError, TypeError):
-        return text
+    """The cell's own words for a refusal (its message and code), else the whole error."""
+    return f"{error.detail} ({error.code})" if error.detail else str(error)
 
 
 def _allows_private(cell: dict[str, Any]) -> bool:
