@@ -78,16 +78,16 @@ def _parser() -> argparse.ArgumentParser:
                           help="clock margin of the placement election")
     operator.add_argument("--resync-seconds", type=float, default=30.0,
                           help="every Tenant and Cell is reconciled at least this often")
-    operator.add_argument("--kube-timeout-seconds", type=float,
-                          default=os.environ.get("CELLPLANE_KUBE_TIMEOUT_SECONDS", "10"),
-                          help="how long one request to the Kubernetes API may take "
-                               "(env CELLPLANE_KUBE_TIMEOUT_SECONDS)")
     operator.add_argument("--move-progress-deadline-seconds", type=float,
                           default=os.environ.get("CELLPLANE_MOVE_PROGRESS_DEADLINE_SECONDS",
                                                  "600"),
                           help="a TenantMove without progress this long before its cutover "
                                "fails with its reason (env "
                                "CELLPLANE_MOVE_PROGRESS_DEADLINE_SECONDS)")
+    operator.add_argument("--kube-timeout-seconds", type=float,
+                          default=os.environ.get("CELLPLANE_KUBE_TIMEOUT_SECONDS", "10"),
+                          help="how long one request to the Kubernetes API may take "
+                               "(env CELLPLANE_KUBE_TIMEOUT_SECONDS)")
     operator.add_argument("--liveness", default=None,
                           help="serve kopf's liveness probe, e.g. http://127.0.0.1:8080/healthz")
     operator.add_argument("--metrics-host",
