@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl, etcd and helm from their Go modules at the
-# versions pinned in hack/versions.env, into a cache outside the repository.
+# Builds from their Go modules, at the versions pinned in hack/versions.env, into a
+# cache outside the repository:
+#   - kube-apiserver and kubectl (the local control plane and the tests), and the node
+#     programs of the local cluster: kubelet, kube-controller-manager, kube-scheduler,
+#     kube-proxy, all from k8s.io/kubernetes in one `go build`
+#   - etcd, helm, and CoreDNS (the local cluster's DNS)
 # Idempotent: a binary already built for its pinned version is left alone.
 set -euo pipefail
 trap 'echo "build-binaries: failed at line $LINENO (exit $?)" >&2' ERR
@@ -53,13 +57,27 @@ build_from_module() {
     fi
     say "$name: resolving dependencies (go get)"
     go get "${packages[@]/%/@$version}"
+    # One `go build` of every command: the packages they share are compiled once, and
+    # in parallel. Each lands in a staging directory under the name go gives it, and is
+    # moved to its own name only once all are built. The directory is this run's own, so
+    # two setups at once (a test run and a developer's) do not take each other's files.
+    local staging
+    staging="$(mktemp -d "$work/out.XXXXXX")"
+    say "$name: go build ${packages[*]} -> $bin"
+    go build -trimpath -ldflags "$ldflags" -o "$staging/" "${packages[@]}"
     for target in "${targets[@]}"; do
-        local pkg="${target#*=}" out="$bin/${target%%=*}"
-        say "$name: go build $pkg -> $out"
-        go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg"
-        mv "$out.tmp" "$out"
+        mv "$staging/$(exec_name "${target#*=}")" "$bin/${target%%=*}"
     done
+    rmdir "$staging"
     echo "$version" > "$bin/.$name.version"
+}
+
+# The file name `go build -o DIR/` gives a command: its import path's last element, or
+# the one before a major-version suffix (go.etcd.io/etcd/server/v3 -> server).
+exec_name() {
+    local path="$1" last="${1##*/}"
+    if [[ "$last" =~ ^v[0-9]+$ ]]; then path="${path%/*}"; last="${path##*/}"; fi
+    printf '%s\n' "$last"
 }
 
 install_from_module() {
@@ -83,17 +101,27 @@ client_go_minor() {
     sed -n 's/^[[:space:]]*k8s\.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$1" | head -n 1
 }
 
-up_to_date() { [ -f "$bin/.$1.version" ] && [ "$(cat "$bin/.$1.version")" = "$2" ] && [ -x "$bin/$3" ]; }
+# up_to_date NAME VERSION PROGRAM...: NAME's stamp says VERSION and every PROGRAM is there.
+up_to_date() {
+    local name="$1" version="$2" program; shift 2
+    [ -f "$bin/.$name.version" ] && [ "$(cat "$bin/.$name.version")" = "$version" ] || return 1
+    for program in "$@"; do [ -x "$bin/$program" ] || return 1; done
+}
+
+# What is built from k8s.io/kubernetes: the control plane's and the nodes' programs.
+KUBERNETES_COMMANDS=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 main() {
     k8s_minor_patch="${KUBERNETES_VERSION#v1.}"
-    if up_to_date kubernetes "$KUBERNETES_VERSION" kube-apiserver && [ -x "$bin/kubectl" ]; then
-        say "kube-apiserver and kubectl $KUBERNETES_VERSION already built in $bin"
+    if up_to_date kubernetes "$KUBERNETES_VERSION" "${KUBERNETES_COMMANDS[@]}"; then
+        say "${KUBERNETES_COMMANDS[*]} $KUBERNETES_VERSION already built in $bin"
     else
         start=$SECONDS
+        local command targets=()
+        for command in "${KUBERNETES_COMMANDS[@]}"; do targets+=("$command=k8s.io/kubernetes/cmd/$command"); done
         build_from_module kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION" "v0.$k8s_minor_patch" \
             "-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${k8s_minor_patch%%.*} -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION" \
-            kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl
+            "${targets[@]}"
         say "kubernetes built in $((SECONDS - start)) s"
     fi
 
@@ -118,11 +146,24 @@ main() {
         say "helm built in $((SECONDS - start)) s"
     fi
 
+    if up_to_date coredns "$COREDNS_VERSION" coredns; then
+        say "coredns $COREDNS_VERSION already built in $bin"
+    else
+        # CoreDNS's go.mod has no replace directives: go install builds it with the
+        # dependencies upstream released it with, every plugin of its default build in.
+        start=$SECONDS
+        install_from_module coredns github.com/coredns/coredns "$COREDNS_VERSION" \
+            "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
+        say "coredns built in $((SECONDS - start)) s"
+    fi
+
     say "binaries ready in $bin:"
     "$bin/kube-apiserver" --version
     "$bin/kubectl" version --client 2>/dev/null | sed -n 1p
     "$bin/etcd" --version | sed -n 1p
     "$bin/helm" version --short
+    "$bin/kubelet" --version
+    "$bin/coredns" -version | sed -n 1p
 }
 
 # Sourcing the script (as its unit test does) defines the functions only.
