@@ -29,7 +29,7 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     migrate.set_defaults(run=_migrate)
 
     work = cell_commands.add_parser("work", help="run workers, the reaper and the webhook relay")
-    add_common_arguments(work)
+    add_common_arguments(work, relay_pool=True)
     work.add_argument("--worker-id", default=f"{socket.gethostname()}-{os.getpid()}")
     work.add_argument("--slots", type=int, default=10)
     work.add_argument("--lease-seconds", type=float, default=30.0)
@@ -41,7 +41,7 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     work.set_defaults(run=_work)
 
     serve = cell_commands.add_parser("serve", help="serve the tenant API and the admin API")
-    add_common_arguments(serve)
+    add_common_arguments(serve, admin_pool=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080, help="tenant API port")
     serve.add_argument("--admin-port", type=int, default=8081, help="admin API port")

@@ -31,15 +31,20 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"CELLPLANE_CELL_{name}", default)
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, *, admin_pool: bool = False,
+                         relay_pool: bool = False) -> None:
+    """Flags every cell command takes, plus the second pool's conninfo for the command that
+    opens one (serve: the admin API's; work: the webhook relay's)."""
     parser.add_argument("--database", default=_env("DATABASE"),
                         help="libpq conninfo of the cell database (CELLPLANE_CELL_DATABASE)")
-    parser.add_argument("--admin-database", default=_env("ADMIN_DATABASE"),
-                        help="conninfo of the admin API's pool, when its role differs "
-                             "(CELLPLANE_CELL_ADMIN_DATABASE; default: --database)")
-    parser.add_argument("--relay-database", default=_env("RELAY_DATABASE"),
-                        help="conninfo of the webhook relay's pool, when its role differs "
-                             "(CELLPLANE_CELL_RELAY_DATABASE; default: --database)")
+    if admin_pool:
+        parser.add_argument("--admin-database", default=_env("ADMIN_DATABASE"),
+                            help="conninfo of the admin API's pool, when its role differs "
+                                 "(CELLPLANE_CELL_ADMIN_DATABASE; default: --database)")
+    if relay_pool:
+        parser.add_argument("--relay-database", default=_env("RELAY_DATABASE"),
+                            help="conninfo of the webhook relay's pool, when its role differs "
+                                 "(CELLPLANE_CELL_RELAY_DATABASE; default: --database)")
     parser.add_argument("--cell", default=_env("NAME", "cell"),
                         help="cell name (CELLPLANE_CELL_NAME)")
     parser.add_argument("--epoch", type=int, default=int(_env("EPOCH", "0") or 0),
@@ -56,4 +61,5 @@ def settings_from(args: argparse.Namespace) -> CellSettings:
         raise SystemExit("cellplane cell: --epoch (or CELLPLANE_CELL_EPOCH) must be >= 1")
     return CellSettings(database=args.database, cell=args.cell, epoch=args.epoch,
                         allow_private_targets=args.allow_private_targets,
-                        admin_database=args.admin_database, relay_database=args.relay_database)
+                        admin_database=getattr(args, "admin_database", None),
+                        relay_database=getattr(args, "relay_database", None))
