@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     operator.add_argument("--state-dir", type=Path,
                           default=Path(os.environ.get("CELLPLANE_STATE_DIR", ".local/sites")),
                           help="where the local site driver keeps this region's sites")
+    operator.add_argument("--advertise-host",
+                          default=os.environ.get("CELLPLANE_ADVERTISE_HOST", "127.0.0.1"),
+                          help="address the cells' APIs listen on and are published with: "
+                               "the pod's IP in a Pod (env CELLPLANE_ADVERTISE_HOST)")
     operator.add_argument("--namespace", default="cellplane-system",
                           help="namespace of the operator's own Secrets")
     operator.add_argument("--kubeconfig", type=Path, default=None,
@@ -111,7 +115,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="where to write endpoints, PIDs and the kubeconfig path")
     up.add_argument("--cluster", action="store_true",
                     help="a real cluster instead: control plane, and a node per region "
-                         "(kubelet, containerd, kube-proxy) in network namespaces of its own")
+                         "(kubelet, containerd, kube-proxy) in network namespaces of its own, "
+                         "with charts/cellplane installed: an operator Pod per region")
+    up.add_argument("--no-operators", action="store_true",
+                    help="with --cluster: the cluster alone, with cellplane's CRDs but not "
+                         "the chart")
     up.set_defaults(run=_run_local_up)
     from cellplane_operator.localplane.cluster_cli import add_cluster_commands
 
@@ -215,7 +223,7 @@ def _run_operator(args: argparse.Namespace) -> int:
     credentials = SecretCredentials(lambda: KubeClient(KubeConfig.load(settings.kubeconfig)),
                                     settings.namespace)
     driver = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir,
-                             credentials=credentials)
+                             credentials=credentials, advertise_host=args.advertise_host)
     if args.metrics_port:
         from cellplane_operator.metrics import OPERATOR_REGISTRY
 
@@ -388,7 +396,8 @@ def _run_local_up(args: argparse.Namespace) -> int:
     if args.cluster:
         from cellplane_operator.localplane.cluster_cli import run_cluster_up
 
-        return run_cluster_up(regions, args.state, _wait_for_interrupt)
+        return run_cluster_up(regions, args.state, _wait_for_interrupt,
+                              operators=not args.no_operators)
     plane = LocalControlPlane(LocalPlaneConfig(regions=regions))
     print(f"starting etcd ({len(regions)} member(s)) and kube-apiserver in {plane.run_dir} ...")
     plane.start()

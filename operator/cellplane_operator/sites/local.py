@@ -109,8 +109,12 @@ class LocalSiteDriver:
 
     def __init__(self, binaries: Binaries, state_dir: Path, *,
                  python: str = sys.executable,
-                 credentials: CredentialSource | None = None) -> None:
+                 credentials: CredentialSource | None = None,
+                 advertise_host: str = LOOPBACK) -> None:
         self._binaries = binaries
+        # Where the cells' APIs listen and are published: loopback on a machine; in a
+        # Pod its IP, so the placement leader and the routers in other pods reach them.
+        self._host = advertise_host
         self._state_dir = state_dir
         self._python = python
         self._credentials = credentials or GeneratedCredentials(state_dir / GENERATED_CREDENTIALS)
@@ -430,7 +434,7 @@ class LocalSiteDriver:
                       "CELLPLANE_CELL_RELAY_DATABASE": db.role_conninfo(RELAY_ROLE)}
         command = [self._python, "-m", "cellplane_operator", "cell"]
         wanted = {API: _Wanted(
-            API, [*command, "serve", "--host", LOOPBACK, "--port", str(state.ports["api"]),
+            API, [*command, "serve", "--host", self._host, "--port", str(state.ports["api"]),
                   "--admin-port", str(state.ports["admin"])], api_env, intent.epoch)}
         for i in range(intent.worker_processes):
             role = f"worker-{i}"
@@ -488,9 +492,9 @@ class LocalSiteDriver:
         tenant key, so its OpenAPI document stands in for "the listener serves".
         """
         try:
-            admin = self._http.get(f"http://{LOOPBACK}:{state.ports['admin']}/admin/v1/health",
+            admin = self._http.get(f"http://{self._host}:{state.ports['admin']}/admin/v1/health",
                                    headers={"Authorization": f"Bearer {token}"})
-            tenant = self._http.get(f"http://{LOOPBACK}:{state.ports['api']}/openapi.json")
+            tenant = self._http.get(f"http://{self._host}:{state.ports['api']}/openapi.json")
         except httpx.HTTPError:
             return False
         return admin.status_code == 200 and tenant.status_code == 200
@@ -516,8 +520,8 @@ class LocalSiteDriver:
             raise SiteError(f"{error}; log {layout.log(API)}:\n{tail(layout.log(API))}") from error
 
     def _endpoints(self, state: SiteState) -> SiteEndpoints:
-        return SiteEndpoints(api=f"http://{LOOPBACK}:{state.ports['api']}",
-                             admin=f"http://{LOOPBACK}:{state.ports['admin']}")
+        return SiteEndpoints(api=f"http://{self._host}:{state.ports['api']}",
+                             admin=f"http://{self._host}:{state.ports['admin']}")
 
     # -- health and teardown -----------------------------------------------------------
 
