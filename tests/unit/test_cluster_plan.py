@@ -68,7 +68,7 @@ def test_a_node_process_enters_its_cgroup_then_its_namespace_by_nsenter() -> Non
 def test_node_configuration_has_the_settings_this_machine_needs(tmp_path: Path) -> None:
     plan = ClusterPlan("abc123", REGIONS)
     node = WorkerNode(plan, plan.node("region-a"), base_dir=tmp_path,
-                      programs=NodePrograms(Path("c"), Path("k"), Path("p"), Path("ctr")),
+                      programs=NodePrograms(Path("c"), Path("k"), Path("p"), Path("ctr"), Path("etcd")),
                       cgroup=CgroupTree("/base/cellplane-abc123/region-a"),
                       sandbox_image="localhost/cellplane/pause:1.0", ca_cert=tmp_path / "ca",
                       kubeconfig=tmp_path / "kc", proxy_kubeconfig=tmp_path / "pkc",

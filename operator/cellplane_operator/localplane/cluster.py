@@ -96,7 +96,8 @@ class ClusterPrograms:
             built=built,
             node=NodePrograms(containerd=Path(shutil.which("containerd") or "containerd"),
                               kubelet=built.kubelet, kube_proxy=built.kube_proxy,
-                              ctr=Path(shutil.which("ctr") or "ctr")),
+                              ctr=Path(shutil.which("ctr") or "ctr"),
+                              etcd=Binaries.discover().etcd),
         )
 
 
@@ -187,6 +188,9 @@ class LocalCluster:
     nodes: dict[str, WorkerNode] = field(init=False, default_factory=dict)
     control: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
     relay_port: int = field(init=False)
+    ownership_relay_ports: dict[str, int] = field(init=False, default_factory=dict)
+    """Per region: a loopback port of this machine relayed to that node's ownership etcd
+    member (tests read the ownership table through it)."""
     timings: dict[str, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -246,6 +250,8 @@ class LocalCluster:
             self._step("kube-apiserver", lambda: self._start_apiserver(timeout))
             self._step("bootstrap objects", self._apply_bootstrap)
             self._step("controllers, scheduler, CoreDNS", self._start_controllers)
+            self._step("nodes' directories", self._make_nodes)
+            self._step("ownership etcd", lambda: self._start_ownership_etcd(timeout))
             self._step("containerd and images", lambda: self._start_containerds(timeout))
             self._step("kubelets and kube-proxies", self._start_kubelets)
             self._step("nodes Ready", lambda: self.wait_nodes_ready(timeout=timeout))
@@ -474,7 +480,7 @@ class LocalCluster:
         except KeyError:
             raise LocalPlaneError(f"no node in region {region!r}") from None
 
-    def _start_containerds(self, timeout: float) -> None:
+    def _make_nodes(self) -> None:
         sandbox = self.images[0].reference if self.images else "registry.k8s.io/pause:3.10"
         for node in self.plan.nodes:
             worker = WorkerNode(
@@ -486,6 +492,35 @@ class LocalCluster:
                 logs=self.logs_dir)
             worker.write_config()
             self.nodes[node.region] = worker
+
+    @property
+    def ownership_endpoints(self) -> list[str]:
+        """The ownership etcd as pods and the cluster's namespaces reach it: one member
+        on each region's node."""
+        return [worker.ownership_etcd_endpoint for worker in self.nodes.values()]
+
+    @property
+    def ownership_relayed_endpoints(self) -> list[str]:
+        """The same members as this machine's clients reach them (through relays)."""
+        return [f"127.0.0.1:{port}" for port in self.ownership_relay_ports.values()]
+
+    def _start_ownership_etcd(self, timeout: float) -> None:
+        for worker in self.nodes.values():
+            worker.start_ownership_etcd()
+            port = self.ownership_relay_ports.setdefault(worker.node.region, free_port())
+            self._control_process(f"relay-ownership-etcd-{worker.node.region}", [
+                sys.executable, "-m", "cellplane_operator.localplane.relay", str(port),
+                str(netns_path(self.plan.control_netns)), worker.ownership_etcd_endpoint],
+                netns=None)
+        for worker in self.nodes.values():
+            self._wait_ownership_member(worker, timeout)
+
+    def _wait_ownership_member(self, worker: WorkerNode, timeout: float) -> None:
+        worker.processes["ownership-etcd"].wait_until(
+            lambda: self._inside_http_ok(f"http://{worker.ownership_etcd_endpoint}/health"),
+            timeout=timeout, what=f"ownership etcd member of {worker.node.region} /health")
+
+    def _start_containerds(self, timeout: float) -> None:
         if self.images:
             seed = seed_root(self.images, containerd=self.programs.node.containerd,
                              ctr=self.programs.node.ctr, say=self.say)
@@ -560,6 +595,7 @@ class LocalCluster:
     def start_node(self, region: str, *, wait_ready: bool = True, timeout: float = 300) -> None:
         """Starts a killed node again on its data (images and volumes included)."""
         worker = self._node(region)
+        worker.start_ownership_etcd()
         self._start_node_containerd(worker, timeout)
         worker.start_kubelet()
         worker.start_kube_proxy()

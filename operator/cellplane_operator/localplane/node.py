@@ -33,10 +33,13 @@ from cellplane_operator.localplane.mounts import unmount_under
 from cellplane_operator.localplane.netns import nsenter_argv
 from cellplane_operator.localplane.process import ManagedProcess
 
-__all__ = ["NodePrograms", "WorkerNode", "placed_argv", "CNI_BIN_DIR"]
+__all__ = ["NodePrograms", "WorkerNode", "placed_argv", "CNI_BIN_DIR",
+           "OWNERSHIP_ETCD_CLIENT_PORT", "OWNERSHIP_ETCD_PEER_PORT"]
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 """Debian's containernetworking-plugins."""
+OWNERSHIP_ETCD_CLIENT_PORT = 2379
+OWNERSHIP_ETCD_PEER_PORT = 2380
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class NodePrograms:
     kubelet: Path
     kube_proxy: Path
     ctr: Path
+    etcd: Path
 
 
 def placed_argv(argv: Sequence[str], *, netns: str | None, cgroup: CgroupTree) -> list[str]:
@@ -274,6 +278,34 @@ oom_score = 0
             [str(self._programs.ctr), "--address", str(self.containerd_socket), "version"],
             capture_output=True, timeout=30, check=False)
         return result.returncode == 0
+
+    @property
+    def ownership_etcd_endpoint(self) -> str:
+        """Where this node's member of the ownership etcd serves clients."""
+        return f"{self.node.address}:{OWNERSHIP_ETCD_CLIENT_PORT}"
+
+    def start_ownership_etcd(self) -> ManagedProcess:
+        """The region's member of the ownership etcd (placement-group leases, the
+        election): a daemon of the node, so a killed node or a cut link takes the
+        member with it, as losing a region does. Its data stays for ``start``."""
+        self.cgroup.child("daemons").create()
+        data = self.dir / "ownership-etcd"
+        data.mkdir(mode=0o700, exist_ok=True)
+        address = self.node.address
+        members = ",".join(f"{node.region}=http://{node.address}:{OWNERSHIP_ETCD_PEER_PORT}"
+                           for node in self.plan.nodes)
+        process = self._process("ownership-etcd", [
+            str(self._programs.etcd), f"--name={self.node.region}", f"--data-dir={data}",
+            f"--listen-client-urls=http://{address}:{OWNERSHIP_ETCD_CLIENT_PORT}",
+            f"--advertise-client-urls=http://{address}:{OWNERSHIP_ETCD_CLIENT_PORT}",
+            f"--listen-peer-urls=http://{address}:{OWNERSHIP_ETCD_PEER_PORT}",
+            f"--initial-advertise-peer-urls=http://{address}:{OWNERSHIP_ETCD_PEER_PORT}",
+            f"--initial-cluster={members}", "--initial-cluster-state=new",
+            f"--initial-cluster-token={self.plan.prefix}-ownership",
+            "--listen-metrics-urls=", "--log-level=warn"])
+        self.processes["ownership-etcd"] = process
+        process.start()
+        return process
 
     def start_kubelet(self) -> ManagedProcess:
         labels = ",".join(f"{key}={value}" for key, value in self.node.labels.items())
