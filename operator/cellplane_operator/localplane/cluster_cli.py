@@ -43,17 +43,29 @@ def add_cluster_commands(local_commands: Any) -> None:
         command.set_defaults(run=_run_link, up=name == "heal")
 
 
-def run_cluster_up(regions: tuple[str, ...], state: Path, wait: Any) -> int:
-    """Starts the cluster, writes ``state``, waits for ``wait()`` to return, tears down."""
+def run_cluster_up(regions: tuple[str, ...], state: Path, wait: Any, *,
+                   operators: bool = True) -> int:
+    """Starts the cluster (and with ``operators``, installs the chart on it), writes
+    ``state``, waits for ``wait()`` to return, tears down."""
     from cellplane_operator.localplane.cluster import ClusterConfig, LocalCluster
+    from cellplane_operator.localplane.clusterchart import install_operators
     from cellplane_operator.localplane.images import build_images
 
-    images = build_images(say=lambda line: print(f"images: {line}", flush=True))
-    cluster = LocalCluster(ClusterConfig(regions=regions), images=images,
-                           say=lambda line: print(line, flush=True))
-    print(f"starting a cluster of {len(regions)} node(s) in {cluster.run_dir} ...", flush=True)
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    images = build_images(say=lambda line: say(f"images: {line}"))
+    # With the chart, the CRDs and the admission policy are the chart's (helm owns them).
+    cluster = LocalCluster(ClusterConfig(regions=regions, apply_crds=not operators),
+                           images=images, say=say)
+    say(f"starting a cluster of {len(regions)} node(s) in {cluster.run_dir} ...")
     try:
         cluster.start()
+        if operators:
+            began = time.monotonic()
+            install_operators(cluster, say=say)
+            say(f"operators Ready in {time.monotonic() - began:.1f} s "
+                f"(kubectl -n cellplane-system get pods -o wide)")
         state.parent.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps({**cluster.describe(), "launcher_pid": os.getpid(),
                                      "cluster_state": str(cluster.state_file)}, indent=2) + "\n")
