@@ -29,7 +29,8 @@ def start_session_cluster(request: pytest.FixtureRequest) -> Iterator[LocalClust
     from cellplane_operator.localplane.images import build_images
 
     images = build_images(say=lambda line: None)
-    cluster = LocalCluster(ClusterConfig(), images=images)
+    # No CRDs or admission policy of its own: the chart installs them (cluster_operators).
+    cluster = LocalCluster(ClusterConfig(apply_crds=False), images=images)
     begun = time.monotonic()
     try:
         cluster.start()
@@ -50,6 +51,24 @@ def start_session_cluster(request: pytest.FixtureRequest) -> Iterator[LocalClust
             sys.stderr.write(f"\n--- logs of the local cluster in {cluster.run_dir} ---\n")
             sys.stderr.write(cluster.dump_logs())
         cluster.stop(remove=not failed)
+
+
+def install_session_operators(cluster: LocalCluster) -> dict[str, Any]:
+    """charts/cellplane installed with helm on the session's cluster, its operator
+    Deployments Available; the time it took goes to pytest's summary."""
+    from cellplane_operator.localplane.clusterchart import install_operators
+
+    begun = time.monotonic()
+    try:
+        values = install_operators(cluster)
+    except BaseException:
+        sys.stderr.write(cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout)
+        raise
+    MEASURED["chart installed, operators Ready"] = f"{time.monotonic() - begun:.1f} s"
+    memory = cluster.memory_bytes()
+    if memory is not None:
+        MEASURED["memory with the operators"] = f"{memory / 2**20:.0f} MiB"
+    return values
 
 
 def operator_image(cluster: LocalCluster) -> str:

@@ -195,6 +195,14 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
     yield from start_session_cluster(request)
 
 
+@pytest.fixture(scope="session")
+def cluster_operators(local_cluster: Any) -> Any:
+    """The chart's operators running as Pods on the session's cluster (helm install)."""
+    from clusterfixtures import install_session_operators
+
+    return install_session_operators(local_cluster)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     measured = sys.modules.get("clusterfixtures")
     if measured is not None and getattr(measured, "MEASURED", None):

@@ -199,6 +199,8 @@ def _run_operator(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per HTTP request to the apiserver and the cells would bury the decisions.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Nor one line per kubelet probe of kopf's liveness endpoint (every few seconds).
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
     if not endpoints:
         print("cellplane operator: --etcd (or CELLPLANE_ETCD) is required", file=sys.stderr)

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from clusterfixtures import Workloads, eventually, pod_ip, processes_in_netns
@@ -150,6 +151,36 @@ def test_partition_cuts_a_region_off_and_heal_restores_it(
     assert workloads.fetch("web-region-b", url).stdout.strip() == "region-a"
 
 
+def _member_healthy(cluster: LocalCluster, region: str) -> bool:
+    """The region's ownership etcd member answers /health true (through its relay)."""
+    port = cluster.ownership_relay_ports[region]
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=3)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200 and answer.json().get("health") == "true"
+
+
+def test_the_ownership_etcd_has_a_member_on_each_node_that_goes_with_its_region(
+        local_cluster: LocalCluster) -> None:
+    assert local_cluster.ownership_endpoints == [
+        f"{local_cluster.plan.node(region).address}:2379" for region in REGIONS]
+    for region in REGIONS:
+        eventually(lambda: _member_healthy(local_cluster, region), timeout=60,
+                   what=f"the member of {region} healthy")
+    local_cluster.partition("region-b")
+    try:
+        eventually(lambda: not _member_healthy(local_cluster, "region-b"), timeout=60,
+                   what="region-b's member cut off")
+        # Two of three members keep the quorum: the ownership table still answers.
+        assert _member_healthy(local_cluster, "region-a")
+        assert _member_healthy(local_cluster, "region-c")
+    finally:
+        local_cluster.heal("region-b")
+    eventually(lambda: _member_healthy(local_cluster, "region-b"), timeout=60,
+               what="region-b's member back in the cluster")
+
+
 def _node_processes(cluster: LocalCluster, region: str) -> list[int]:
     """Every process of the node: in its cgroups, or in its network namespace."""
     return sorted(cluster.node_pids(region)
@@ -163,11 +194,14 @@ def test_a_killed_node_leaves_no_process_and_comes_back_ready(
     local_cluster.kill_node("region-c")
     try:
         assert _node_processes(local_cluster, "region-c") == []
+        assert not _member_healthy(local_cluster, "region-c")  # its etcd member went too
         node_dir = local_cluster.run_dir / "region-c"
         assert mounts_under(node_dir) == []
     finally:
         local_cluster.start_node("region-c")
     assert local_cluster.node_ready("region-c")
+    eventually(lambda: _member_healthy(local_cluster, "region-c"), timeout=60,
+               what="region-c's member back on its data")
 
     def restarted() -> bool:
         status = workloads.get("pod", "web-region-c")["status"]

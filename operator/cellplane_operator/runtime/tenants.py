@@ -255,6 +255,13 @@ class TenantController:
                 await self._provision(tenant, record, endpoints["admin"], api_key, webhook_secret)
             except CellApiError as error:
                 if error.status not in REFUSED_BY_CELL:
+                    # Unreachable, or failing on its side: said in the status as well as
+                    # retried with backoff, so the tenant is never left silent.
+                    await self._report(key, body, replace(
+                        progress, reason="CellUnreachable" if error.status == 0
+                        else "CellFailed",
+                        message=f"provisioning in cell {record.cell} failed, retried with "
+                                f"backoff: {error}"))
                     raise
                 # The spec asks what the cell will not do: say which field, and wait for
                 # a change of the spec or the cell (both wake the tenant) at the backoff's
