@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from chartinstall import documents, render
+from schemawalk import unknown_fields
 from cellplane_operator.localplane import images
 from cellplane_operator.localplane.cluster import ClusterConfig
 from cellplane_operator.localplane.clusterplan import ClusterPlan
@@ -269,19 +270,6 @@ def test_helm_gets_every_member_as_an_etcd_endpoint_in_region_order() -> None:
 def sample_docs() -> Iterator[dict[str, Any]]:
     for path in sorted(SAMPLES.glob("*.yaml")):
         yield from (doc for doc in yaml.safe_load_all(path.read_text()) if doc)
-
-
-def unknown_fields(value: Any, schema: Mapping[str, Any], path: str) -> Iterator[str]:
-    if isinstance(value, dict):
-        known = schema.get("properties", {})
-        for key, item in value.items():
-            if key not in known:
-                yield f"{path}.{key}"
-            else:
-                yield from unknown_fields(item, known[key], f"{path}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from unknown_fields(item, schema.get("items", {}), f"{path}[{index}]")
 
 
 def test_the_samples_follow_the_crds_and_run_in_the_kind_regions() -> None:

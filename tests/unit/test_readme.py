@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from schemawalk import unknown_fields
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -168,20 +169,7 @@ def test_the_readme_manifests_parse_and_follow_the_crds() -> None:
             crd = yaml.safe_load((REPO / "crds" / f"cellplane.io_{doc['kind'].lower()}s.yaml")
                                  .read_text())
             schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-            assert not list(_unknown_fields(doc["spec"], schema, "spec")), doc
-
-
-def _unknown_fields(value: Any, schema: dict[str, Any], path: str) -> Iterator[str]:
-    if isinstance(value, dict):
-        known = schema.get("properties", {})
-        for key, item in value.items():
-            if key not in known:
-                yield f"{path}.{key}"
-            else:
-                yield from _unknown_fields(item, known[key], f"{path}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _unknown_fields(item, schema.get("items", {}), f"{path}[{index}]")
+            assert not list(unknown_fields(doc["spec"], schema, "spec")), doc
 
 
 def test_command_parsing_joins_continuations_and_pairs_output() -> None:
