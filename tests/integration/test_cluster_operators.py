@@ -11,9 +11,11 @@ import asyncio
 import json
 import re
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -270,3 +272,20 @@ def test_a_deleted_operator_pod_comes_back_and_starts_its_cells_on_their_data(
     cell_after = await_phase(operators, "cell", "pods-a1", "Ready")
     assert cell_after["activeRegion"] == "region-a"
     assert cell_after["epoch"] >= cell_before["epoch"]
+
+
+def test_local_reload_imports_the_images_and_rolls_the_operators_onto_them(
+        operators: LocalCluster, tmp_path: Path) -> None:
+    before = {region: operator_pods(operators, region)[0]["metadata"]["uid"]
+              for region in REGIONS}
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"cluster_state": str(operators.state_file)}))
+    result = subprocess.run([sys.executable, "-m", "cellplane_operator", "local", "reload",
+                             "--state", str(state)],
+                            capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "imported into" in result.stdout and "3 operator Deployment(s) restarted" in result.stdout
+    for region in REGIONS:
+        pods = operator_pods(operators, region)
+        assert len(pods) == 1 and pods[0]["metadata"]["uid"] != before[region]
+        assert pod_ready(pods[0])

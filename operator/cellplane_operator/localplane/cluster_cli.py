@@ -4,6 +4,8 @@
     cellplane local down [--state FILE]              stop what ``local up`` started
     cellplane local partition REGION                 cut a region's node off the bridge
     cellplane local heal REGION                      restore its link
+    cellplane local reload                           rebuild and reload the images, restart
+                                                     the operator pods
 
 ``up`` stays in the foreground (Ctrl-C or ``local down`` stops it) and writes its
 state file; the other commands read it. A launcher killed outright is cleaned up
@@ -35,6 +37,11 @@ def add_cluster_commands(local_commands: Any) -> None:
     down.add_argument("--timeout", type=float, default=120.0,
                       help="seconds to wait for the launcher before cleaning up after it")
     down.set_defaults(run=_run_down)
+    reload = local_commands.add_parser(
+        "reload", help="after a code change: rebuild the images, import them into every node "
+        "of the running cluster and restart the operator pods on them")
+    reload.add_argument("--state", type=Path, default=_DEFAULT_STATE)
+    reload.set_defaults(run=_run_reload)
     for name, text in (("partition", "cut a region's node off the cluster's bridge"),
                        ("heal", "restore a partitioned region's link")):
         command = local_commands.add_parser(name, help=text)
@@ -128,4 +135,46 @@ def _run_link(args: argparse.Namespace) -> int:
     plan = ClusterState.read(Path(state["cluster_state"])).plan()
     set_link(plan, plan.node(args.region).hub_port, up=args.up)
     print(f"{args.region}: link {'restored' if args.up else 'cut'}")
+    return 0
+
+
+def _run_reload(args: argparse.Namespace) -> int:
+    """The development loop on a running cluster: the image builds are layered (the
+    dependencies before the sources), so after a change of Python only the last layers
+    are built; each node imports the result (layers it has are not unpacked again), and
+    the operator Deployments roll onto it."""
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cellplane_operator.localplane.binaries import Binaries
+    from cellplane_operator.localplane.cluster import ClusterState
+    from cellplane_operator.localplane.clusterchart import NAMESPACE
+    from cellplane_operator.localplane.images import build_images, import_images
+
+    state = _read_state(args.state)
+    if "cluster_state" not in state:
+        raise LocalPlaneError("the running plane has no cluster (start it with --cluster)")
+    cluster = ClusterState.read(Path(state["cluster_state"]))
+    began = time.monotonic()
+    images = build_images(say=lambda line: print(f"images: {line}", flush=True))
+    sockets = [Path(cluster.run_dir) / region / "containerd" / "containerd.sock"
+               for region in cluster.regions]
+    ctr = shutil.which("ctr") or "ctr"
+    # The pause image is each node's sandbox from its start; the others may have changed.
+    with ThreadPoolExecutor(max_workers=len(sockets)) as pool:
+        list(pool.map(lambda socket: import_images(
+            socket, images[1:], ctr=ctr, say=lambda line: print(line, flush=True)), sockets))
+    kubectl = [str(Binaries.discover().kubectl), f"--kubeconfig={cluster.kubeconfig}",
+               "--namespace", NAMESPACE]
+    selector = "app.kubernetes.io/component=operator"
+    deployments = subprocess.run([*kubectl, "get", "deployments", "-l", selector, "-o", "name"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+    if deployments:
+        subprocess.run([*kubectl, "rollout", "restart", *deployments], check=True)
+        for deployment in deployments:
+            subprocess.run([*kubectl, "rollout", "status", deployment, "--timeout=300s"],
+                           check=True)
+    print(f"reloaded in {time.monotonic() - began:.1f} s "
+          f"({len(deployments)} operator Deployment(s) restarted)", flush=True)
     return 0
