@@ -64,6 +64,9 @@ from cellplane_operator.localplane.process import ManagedProcess, tail, wait_for
 __all__ = ["LocalCluster", "ClusterConfig", "ClusterPrograms", "ClusterState", "teardown",
            "STORAGE_CLASS"]
 
+_CRI_NOT_INITIALIZED = "server is not initialized"
+"""What containerd's CRI answers while it initializes (the kubelet exits on it)."""
+
 STORAGE_CLASS = "cellplane-local"
 """The cluster's default StorageClass: pre-made local volumes, WaitForFirstConsumer."""
 
@@ -204,6 +207,7 @@ class LocalCluster:
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self.cgroup = CgroupTree(f"{cgroup_base().rstrip('/')}/{self.plan.prefix}")
         self.relay_port = free_port()
+        self._kubelet_retries = 0
         self._janitor: subprocess.Popen[bytes] | None = None
 
     # --- paths -------------------------------------------------------------------
@@ -562,6 +566,18 @@ class LocalCluster:
                      what=f"node {worker.name} Ready", alive=lambda: self._check_node(worker))
 
     def _check_node(self, worker: WorkerNode) -> None:
+        kubelet = worker.processes.get("kubelet")
+        if kubelet is not None and not kubelet.running and self._kubelet_retries < 20 and (
+                _CRI_NOT_INITIALIZED in tail(kubelet.log, 5)):
+            # containerd answers its own API (what containerd_ready asks) before its CRI
+            # plugin is initialized, and a kubelet that finds the CRI not ready exits:
+            # seen after a node restart on a loaded machine. Start it again.
+            self._kubelet_retries += 1
+            self.say(f"{worker.name}: the kubelet started before containerd's CRI was "
+                     "initialized; starting it again")
+            time.sleep(1)
+            worker.start_kubelet()
+            return
         for process in worker.processes.values():
             process.check_alive()
 
