@@ -8,6 +8,7 @@ small clusters of their own through the command line.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import os
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,6 +183,29 @@ def test_the_ownership_etcd_has_a_member_on_each_node_that_goes_with_its_region(
         local_cluster.heal("region-b")
     eventually(lambda: _member_healthy(local_cluster, "region-b"), timeout=60,
                what="region-b's member back in the cluster")
+
+
+def test_secrets_are_encrypted_in_the_control_planes_etcd(local_cluster: LocalCluster,
+                                                         workloads: Workloads) -> None:
+    marker = f"plain-{uuid.uuid4().hex}"
+    workloads.kubectl("create", "secret", "generic", "at-rest", f"--from-literal=value={marker}")
+    key = f"/registry/secrets/{workloads.namespace}/at-rest"
+
+    def read_raw() -> bytes:
+        # etcd's JSON gateway on its loopback, from a thread inside the control plane's
+        # namespace (the only place that address exists).
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        request = urllib.request.Request("http://127.0.0.1:2379/v3/kv/range", data=body,
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            kvs = json.loads(answer.read()).get("kvs") or [{}]
+        return base64.b64decode(kvs[0].get("value", ""))
+
+    raw = run_in_netns(local_cluster.plan.control_netns, read_raw)
+    assert raw.startswith(b"k8s:enc:secretbox:v1:"), raw[:40]
+    assert marker.encode() not in raw
+    read = workloads.get("secret", "at-rest")
+    assert base64.b64decode(read["data"]["value"]).decode() == marker
 
 
 def _node_processes(cluster: LocalCluster, region: str) -> list[int]:

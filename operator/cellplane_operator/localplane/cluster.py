@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from cellplane_operator.errors import BinaryNotFoundError, LocalPlaneError
-from cellplane_operator.localplane.apiserver import write_kubeconfig
+from cellplane_operator.localplane.apiserver import write_encryption_config, write_kubeconfig
 from cellplane_operator.localplane.binaries import Binaries, ClusterBinaries
 from cellplane_operator.localplane.cgroups import CgroupTree, cgroup_base
 from cellplane_operator.localplane.clusterplan import (
@@ -350,9 +350,12 @@ class LocalCluster:
 
     def _start_apiserver(self, timeout: float) -> None:
         pki = self.pki_dir
+        # Secrets encrypted at rest (secretbox), as a production cluster should have them.
+        encryption = write_encryption_config(self.run_dir / "encryption-config.yaml")
         process = self._control_process("kube-apiserver", [
             str(self.programs.base.kube_apiserver),
             "--etcd-servers=http://127.0.0.1:2379",
+            f"--encryption-provider-config={encryption}",
             f"--bind-address={self.plan.control_address}",
             f"--secure-port={APISERVER_PORT}",
             f"--advertise-address={self.plan.control_address}",
