@@ -321,6 +321,7 @@ class SiteDatabase:
     def _start(self, argv: list[str], on_spawn: Callable[[ProcessRecord], None], *,
                ready: Callable[[ProcessRecord], None]) -> ProcessRecord:
         self._drop_zombie_lock()
+        self._restore_private_modes()
         deadline = time.monotonic() + SHARED_MEMORY_RETRY_SECONDS
         while True:
             offset = self.log.stat().st_size if self.log.exists() else 0
@@ -335,6 +336,22 @@ class SiteDatabase:
                 if b"is still in use" not in said or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def _restore_private_modes(self) -> None:
+        """Postgres refuses a data directory its group may write, and libpq ignores a
+        passfile others may read. A volume mounted again with an fsGroup (the kubelet
+        makes it group-writable: seen when an operator pod was replaced on its claim) or
+        copied loses both modes; they are put back before every start."""
+        if self.data_dir.is_dir():
+            self.data_dir.chmod(0o700)
+        secrets = self._layout.secrets_dir
+        if secrets.is_dir():
+            secrets.chmod(0o700)
+            for path in secrets.iterdir():
+                if path.is_file():
+                    path.chmod(0o600)
+        if self._layout.server_passfile.is_file():
+            self._layout.server_passfile.chmod(0o600)
 
     def wait_ready(self, record: ProcessRecord, timeout: float = START_TIMEOUT, *,
                    dsn: str | None = None) -> None:
