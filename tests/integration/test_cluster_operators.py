@@ -81,11 +81,13 @@ def operator_logs(cluster: LocalCluster, lines: int = 60) -> str:
             check=False, timeout=60).stdout for region in REGIONS)
 
 
-def in_operator(cluster: LocalCluster, region: str, code: str) -> str:
-    """Python run inside the region's operator container (``kubectl exec``)."""
+def in_operator(cluster: LocalCluster, region: str, code: str, *, check: bool = True) -> str:
+    """Python run inside the region's operator container (``kubectl exec``); with
+    ``check`` false, what failed is answered as an empty string."""
     result = cluster.kubectl("exec", "-n", NAMESPACE, f"deploy/{deployment(region)}",
-                             "-c", "operator", "--", "python3", "-c", code, timeout=120)
-    return result.stdout
+                             "-c", "operator", "--", "python3", "-c", code, timeout=120,
+                             check=check)
+    return result.stdout if result.returncode == 0 else ""
 
 
 def http_in_operator(cluster: LocalCluster, region: str, method: str, url: str,
@@ -100,8 +102,11 @@ def http_in_operator(cluster: LocalCluster, region: str, method: str, url: str,
         "    answer = urllib.request.urlopen(request, timeout=30)\n"
         "    print(json.dumps([answer.status, json.loads(answer.read() or b'null')]))\n"
         "except urllib.error.HTTPError as error:\n"
-        "    print(json.dumps([error.code, error.read().decode(errors='replace')]))\n")
-    status, answer = json.loads(in_operator(cluster, region, code))
+        "    print(json.dumps([error.code, error.read().decode(errors='replace')]))\n"
+        "except OSError as error:\n"
+        "    print(json.dumps([0, str(error)]))\n")
+    # Status 0: nothing answered (e.g. an address the status still names from the old pod).
+    status, answer = json.loads(in_operator(cluster, region, code, check=False) or "[0, null]")
     return status, answer
 
 
