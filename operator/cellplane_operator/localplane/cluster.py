@@ -94,13 +94,14 @@ class ClusterPrograms:
         if missing:
             raise BinaryNotFoundError(
                 f"the cluster needs {', '.join(missing)}: run `bash hack/setup.sh`")
+        base = Binaries.discover()
         return cls(
-            base=Binaries.discover(),
+            base=base,
             built=built,
             node=NodePrograms(containerd=Path(shutil.which("containerd") or "containerd"),
                               kubelet=built.kubelet, kube_proxy=built.kube_proxy,
                               ctr=Path(shutil.which("ctr") or "ctr"),
-                              etcd=Binaries.discover().etcd),
+                              etcd=base.etcd),
         )
 
 
