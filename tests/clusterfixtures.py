@@ -7,6 +7,7 @@ localplane.images, never pulled: ``imagePullPolicy: Never``.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from cellplane_operator.localplane.cluster import ClusterConfig, LocalCluster
+from cellplane_operator.localplane.clusterchart import NAMESPACE, RELEASE
 from cellplane_operator.localplane.process import wait_for
 
 # What the session's cluster cost, printed in pytest's summary (conftest).
@@ -164,3 +166,87 @@ def processes_in_netns(netns_file: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+# -- the chart's operators, as the tests read and call them ------------------------------
+
+def deployment(region: str) -> str:
+    return f"{RELEASE}-{region}"
+
+
+def operator_pods(cluster: LocalCluster, region: str) -> list[dict[str, Any]]:
+    found = cluster.get_json("pods", "-n", NAMESPACE, "-l",
+                             f"app.kubernetes.io/component=operator,cellplane.io/region={region}")
+    return [pod for pod in found["items"] if not pod["metadata"].get("deletionTimestamp")]
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+def status_of(cluster: LocalCluster, kind: str, name: str,
+              namespace: str | None = None) -> dict[str, Any]:
+    where = ["-n", namespace] if namespace else []
+    result = cluster.kubectl("get", kind, name, *where, "-o", "json", check=False, timeout=30)
+    if result.returncode != 0:
+        return {}
+    return dict(json.loads(result.stdout).get("status") or {})
+
+
+def await_phase(cluster: LocalCluster, kind: str, name: str, phase: str, *,
+                namespace: str | None = None, timeout: float = 300) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def reached() -> bool:
+        seen.clear()
+        seen.update(status_of(cluster, kind, name, namespace))
+        return seen.get("phase") == phase
+
+    try:
+        eventually(reached, timeout=timeout, interval=1, what=f"{kind} {name} to be {phase}")
+    except Exception as error:
+        raise AssertionError(f"{kind} {name} never {phase}; last status {seen}\n"
+                             + operator_logs(cluster)) from error
+    return dict(seen)
+
+
+def operator_logs(cluster: LocalCluster, lines: int = 60) -> str:
+    return "\n".join(
+        f"--- operator of {region} ---\n" + cluster.kubectl(
+            "logs", "-n", NAMESPACE, f"deploy/{deployment(region)}", f"--tail={lines}",
+            check=False, timeout=60).stdout for region in cluster.plan.regions)
+
+
+def in_operator(cluster: LocalCluster, region: str, code: str, *, check: bool = True) -> str:
+    """Python run inside the region's operator container (``kubectl exec``); with
+    ``check`` false, what failed is answered as an empty string."""
+    result = cluster.kubectl("exec", "-n", NAMESPACE, f"deploy/{deployment(region)}",
+                             "-c", "operator", "--", "python3", "-c", code, timeout=120,
+                             check=check)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def http_in_operator(cluster: LocalCluster, region: str, method: str, url: str,
+                     headers: dict[str, str], body: dict[str, Any] | None = None) -> Any:
+    """One request from inside the operator's pod, where the cells' APIs listen."""
+    code = (
+        "import json, sys, urllib.request, urllib.error\n"
+        f"request = urllib.request.Request({url!r}, method={method!r}, headers={headers!r},\n"
+        f"    data=None if {body!r} is None else json.dumps({body!r}).encode())\n"
+        "request.add_header('Content-Type', 'application/json')\n"
+        "try:\n"
+        "    answer = urllib.request.urlopen(request, timeout=30)\n"
+        "    print(json.dumps([answer.status, json.loads(answer.read() or b'null')]))\n"
+        "except urllib.error.HTTPError as error:\n"
+        "    print(json.dumps([error.code, error.read().decode(errors='replace')]))\n"
+        "except OSError as error:\n"
+        "    print(json.dumps([0, str(error)]))\n")
+    # Status 0: nothing answered (e.g. an address the status still names from the old pod).
+    status, answer = json.loads(in_operator(cluster, region, code, check=False) or "[0, null]")
+    return status, answer
+
+
+def api_key(cluster: LocalCluster, namespace: str, secret: str) -> str:
+    data = cluster.get_json("secret", secret, "-n", namespace)["data"]
+    return base64.b64decode(data["api-key"]).decode()

@@ -107,6 +107,23 @@ def test_the_claim_has_the_cells_storage_class_and_size() -> None:
         in container["volumeMounts"]
 
 
+def test_a_cell_without_a_storage_class_gets_the_clusters_default() -> None:
+    # "" would bind only to volumes without a class; an absent field takes the default.
+    [claim] = one(replace(ACTIVE, storage_class=None), "StatefulSet",
+                  "database")["spec"]["volumeClaimTemplates"]
+    assert "storageClassName" not in claim["spec"]
+
+
+def test_the_agent_service_reaches_a_held_pod_on_the_agent_and_reading_ports() -> None:
+    [agent] = [s for s in by_kind(STANDBY, "Service")
+               if s["metadata"]["name"] == STANDBY.names.agent]
+    assert agent["spec"]["publishNotReadyAddresses"] is True
+    assert {p["name"]: p["port"] for p in agent["spec"]["ports"]} == {"agent": 9443,
+                                                                       "reading": 5433}
+    container = one(STANDBY, "StatefulSet", "database")["spec"]["template"]["spec"]["containers"][0]
+    assert {p["name"] for p in container["ports"]} == {"postgres", "agent", "reading"}
+
+
 def test_the_claim_is_kept_unless_the_cell_says_delete() -> None:
     def policy(site: KubernetesSite) -> Any:
         return one(site, "StatefulSet", "database")["spec"]["persistentVolumeClaimRetentionPolicy"]

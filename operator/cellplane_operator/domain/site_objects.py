@@ -36,7 +36,8 @@ from cellplane_cells.roles import ADMIN_API_ROLE, API_ROLE, RELAY_ROLE, WORKER_R
 from cellplane_operator.domain.site_names import ObjectRef, SiteNames, site_names
 
 __all__ = [
-    "CELL_API_VERSION", "DATABASE_PORT", "AGENT_PORT", "API_PORT", "ADMIN_PORT", "IMAGE_USER",
+    "CELL_API_VERSION", "DATABASE_PORT", "AGENT_PORT", "READING_PORT", "API_PORT", "ADMIN_PORT",
+    "IMAGE_USER", "pod_host",
     "REGION_LABEL", "POSTGRES_BIN", "ServingRole", "Resources", "SiteSecrets", "KubernetesSite",
     "agent_argv", "database_host", "site_objects", "object_ref", "RoleChange", "role_change",
     "DEFAULT_DATABASE_RESOURCES", "DEFAULT_API_RESOURCES", "DEFAULT_WORKER_RESOURCES",
@@ -53,6 +54,8 @@ DATABASE_PORT = 5432
 AGENT_PORT = 9443
 """The site agent's HTTP endpoint (bearer token; TLS is an open question, see
 docs/kubernetes-driver.md)."""
+READING_PORT = 5433
+"""A fenced or demoted Postgres opened read-only for the loss report: the superuser only."""
 API_PORT = 8080
 """The cell's tenant API (``cellplane cell serve --port``)."""
 ADMIN_PORT = 8081
@@ -145,7 +148,8 @@ class KubernetesSite:
     image: str
     namespace: str
     secrets: SiteSecrets
-    storage_class: str = "cellplane-local"
+    storage_class: str | None = "cellplane-local"
+    """None: the cluster's default StorageClass."""
     storage_size: str = "1Gi"
     database_resources: Resources = DEFAULT_DATABASE_RESOURCES
     api_resources: Resources = DEFAULT_API_RESOURCES
@@ -264,6 +268,14 @@ def database_host(site: KubernetesSite) -> str:
     return f"{site.names.database}.{site.namespace}.svc.cluster.local"
 
 
+def pod_host(site: KubernetesSite) -> str:
+    """The database Pod's own DNS name (the headless Service publishes it before the Pod is
+    Ready): what the agent advertises, where the operator and other regions' standbys reach
+    this Postgres without the database Service's readiness gate or its NAT."""
+    names = site.names
+    return f"{names.pod}.{names.pods}.{site.namespace}.svc.cluster.local"
+
+
 def agent_argv(site: KubernetesSite) -> list[str]:
     """The database container's command: the site agent, which does NOT exist yet.
 
@@ -294,7 +306,8 @@ def _database_container(site: KubernetesSite) -> Manifest:
         "args": agent_argv(site)[1:],
         "env": [{"name": "PGDATA", "value": f"{STATE_DIR}/pgdata"}],
         "ports": [{"name": "postgres", "containerPort": DATABASE_PORT, "protocol": "TCP"},
-                  {"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+                  {"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"},
+                  {"name": "reading", "containerPort": READING_PORT, "protocol": "TCP"}],
         # Ready = Postgres accepts connections on its socket: the database Service then sends
         # only to a running server. A held, fenced or demoted site is deliberately not Ready.
         # pg_isready authenticates nothing, so the probe needs no password.
@@ -356,7 +369,10 @@ def _stateful_set(site: KubernetesSite) -> Manifest:
                 "metadata": {"name": names.claim_template,
                              "labels": _selector(site, "database")},
                 "spec": {"accessModes": ["ReadWriteOnce"],
-                         "storageClassName": site.storage_class,
+                         # None leaves the class to the cluster's default ("" would mean
+                         # "no class": only volumes without one).
+                         **({} if site.storage_class is None
+                            else {"storageClassName": site.storage_class}),
                          "resources": {"requests": {"storage": site.storage_size}}},
             }],
         },
@@ -387,7 +403,9 @@ def _database_services(site: KubernetesSite) -> list[Manifest]:
                  headless=True, not_ready=True),
         _service(site, names.database, "database", [_port("postgres", DATABASE_PORT)]),
         # The operator must reach an agent whose Postgres is down (held, fenced): not Ready.
-        _service(site, names.agent, "database", [_port("agent", AGENT_PORT)], not_ready=True),
+        # An old primary opened for the loss report listens on the reading port only.
+        _service(site, names.agent, "database",
+                 [_port("agent", AGENT_PORT), _port("reading", READING_PORT)], not_ready=True),
     ]
 
 

@@ -20,7 +20,8 @@ from cellplane_operator.errors import KubeApiError, KubeConflictError, KubeNotFo
 from cellplane_operator.kube.config import KubeConfig
 
 __all__ = ["KubeClient", "Resource", "CELLS", "TENANTS", "TENANTMOVES", "SECRETS", "NAMESPACES",
-           "EVENTS", "CONFIGMAPS"]
+           "EVENTS", "CONFIGMAPS", "SERVICES", "PODS", "PERSISTENTVOLUMECLAIMS", "STATEFULSETS",
+           "DEPLOYMENTS", "resource_of"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,27 @@ SECRETS = Resource("", "v1", "secrets", "Secret", namespaced=True)
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
+SERVICES = Resource("", "v1", "services", "Service", namespaced=True)
+PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
+PERSISTENTVOLUMECLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim",
+                                  namespaced=True)
+STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
 
-_PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json"}
+_BY_KIND = {r.kind: r for r in (CELLS, TENANTS, TENANTMOVES, SECRETS, NAMESPACES, EVENTS,
+                                CONFIGMAPS, SERVICES, PODS, PERSISTENTVOLUMECLAIMS, STATEFULSETS,
+                                DEPLOYMENTS)}
+
+
+def resource_of(kind: str) -> Resource:
+    """The resource of an object's ``kind`` (the kinds this client knows)."""
+    try:
+        return _BY_KIND[kind]
+    except KeyError:
+        raise ValueError(f"no resource known for the kind {kind!r}") from None
+
+_PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
+                "apply": "application/apply-patch+yaml"}
 
 
 class KubeClient:
@@ -99,6 +119,17 @@ class KubeClient:
                     patch_type: Literal["merge", "json"] = "merge") -> dict[str, Any]:
         return await self._request("PATCH", resource.path(namespace, name, subresource),
                                    json_body=patch, content_type=_PATCH_TYPES[patch_type])
+
+    async def apply(self, manifest: Mapping[str, Any], *, field_manager: str) -> dict[str, Any]:
+        """Server-side apply of a whole object (``kind``, ``apiVersion``, ``metadata.name``
+        and, when namespaced, ``metadata.namespace``), forcing this manager's ownership of
+        the fields it names: the object is what the caller rendered."""
+        meta = manifest["metadata"]
+        resource = resource_of(str(manifest["kind"]))
+        path = resource.path(meta.get("namespace"), meta["name"])
+        return await self._request("PATCH", path, json_body=manifest,
+                                   content_type=_PATCH_TYPES["apply"],
+                                   params={"fieldManager": field_manager, "force": "true"})
 
     async def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
                      propagation: str = "Background") -> bool:
