@@ -33,6 +33,15 @@ def cell_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
+def kubernetes_driver(**overrides: Any) -> dict[str, Any]:
+    """spec.driver of a kubernetes-driver cell, every default written out (as stored)."""
+    driver: dict[str, Any] = {"name": "kubernetes", "workerProcesses": 1,
+                              "allowPrivateTargets": False, "storage": {"size": "1Gi"},
+                              "apiReplicas": 1, "workerReplicas": 1, "claimPolicy": "Retain"}
+    driver.update(overrides)
+    return driver
+
+
 def tenant_spec(**overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {"plan": "pro", "homeRegion": "region-a"}
     spec.update(overrides)
@@ -130,8 +139,23 @@ CELL_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                        ("spec.lease: Invalid value", "two lease.renewIntervalSeconds must fit in "
                         "durationSeconds - marginSeconds, so one lost renewal does not end "
                         "ownership")),
-    "driver-name": (cell_spec(driver={"name": "kubernetes"}),
-                    ('spec.driver.name: Unsupported value: "kubernetes"',)),
+    "driver-name": (cell_spec(driver={"name": "docker"}),
+                    ('spec.driver.name: Unsupported value: "docker"',)),
+    "driver-api-replicas": (cell_spec(driver={"apiReplicas": 11}),
+                            ("spec.driver.apiReplicas: Invalid value: 11",)),
+    "driver-worker-replicas": (cell_spec(driver={"workerReplicas": 0}),
+                               ("spec.driver.workerReplicas: Invalid value: 0",)),
+    "driver-claim-policy": (cell_spec(driver={"claimPolicy": "Orphan"}),
+                            ('spec.driver.claimPolicy: Unsupported value: "Orphan"',)),
+    "driver-storage-size": (cell_spec(driver={"storage": {"size": "1 GB"}}),
+                            ("spec.driver.storage.size: Invalid value",)),
+    "driver-storage-zero": (cell_spec(driver={"storage": {"size": "0"}}),
+                            ("spec.driver.storage.size: Invalid value",
+                             "storage.size must be more than zero")),
+    "driver-storage-class": (cell_spec(driver={"storage": {"className": "Fast_SSD"}}),
+                             ("spec.driver.storage.className: Invalid value",)),
+    "driver-resources": (cell_spec(driver={"resources": {"api": {"limits": {"memory": "lots"}}}}),
+                         ("spec.driver.resources.api.limits.memory: Invalid value",)),
     "driver-processes": (cell_spec(driver={"workerProcesses": 17}),
                          ("spec.driver.workerProcesses: Invalid value: 17",)),
     "draining-not-bool": (cell_spec(draining="yes"),
@@ -217,6 +241,28 @@ def test_names_that_derived_objects_cannot_carry_are_refused(kube: LocalControlP
     assert apply(kube, "Cell", "c" * 63, cell_spec(), "--dry-run=server")[0] == 0
 
 
+SITE_NAMES_TOO_LONG = ("a kubernetes-driver Cell's name and each of its regions (spec.region, "
+                       "every spec.standbyRegions) may have at most 43 characters together")
+
+
+def test_kubernetes_cells_whose_site_names_cannot_fit_are_refused(kube: LocalControlPlane) -> None:
+    """cell-<cell>-<region>-db must leave room for the StatefulSet's revision-hash label
+    (domain/site_names.py): 43 characters for the cell's and a region's names together."""
+    kubernetes = {"name": "kubernetes"}
+    fits, too_long = "c" * (43 - len("region-a")), "c" * (44 - len("region-a"))
+    code, stderr = apply(kube, "Cell", fits, cell_spec(driver=kubernetes), "--dry-run=server")
+    assert code == 0, stderr
+    assert_refused(kube, "Cell", cell_spec(driver=kubernetes), (SITE_NAMES_TOO_LONG,),
+                   name=too_long)
+    # Each standby region counts as well.
+    assert_refused(kube, "Cell", cell_spec(driver=kubernetes, standbyRegions=["region-bb"]),
+                   (SITE_NAMES_TOO_LONG,), name=fits)
+    # A local cell's names are not limited by it.
+    code, stderr = apply(kube, "Cell", too_long, cell_spec(standbyRegions=["region-bb"]),
+                         "--dry-run=server")
+    assert code == 0, stderr
+
+
 @pytest.mark.parametrize(("spec", "expected"), TENANT_REFUSED.values(), ids=TENANT_REFUSED.keys())
 def test_invalid_tenant_is_refused(kube: LocalControlPlane, spec: dict[str, Any],
                                    expected: tuple[str, ...]) -> None:
@@ -282,6 +328,22 @@ CHANGES: dict[str, tuple[str, dict[str, Any], dict[str, Any], tuple[str, ...]]] 
     "cell-region": ("Cell", cell_spec(), cell_spec(region="region-b"),
                     ("spec.region: Invalid value",
                      "region is immutable; create a new cell and move tenants to it")),
+    "cell-driver-name": ("Cell", cell_spec(), cell_spec(driver=kubernetes_driver()),
+                         ("spec.driver.name: Invalid value", "driver.name is immutable")),
+    "cell-storage-class-set-later": (
+        "Cell", cell_spec(driver=kubernetes_driver()),
+        cell_spec(driver=kubernetes_driver(storage={"className": "fast", "size": "1Gi"})),
+        ("spec.driver.storage.className: Invalid value",
+         "storage.className is immutable: a claim cannot change its class")),
+    "cell-storage-class-changed": (
+        "Cell", cell_spec(driver=kubernetes_driver(storage={"className": "fast", "size": "1Gi"})),
+        cell_spec(driver=kubernetes_driver(storage={"className": "slow", "size": "1Gi"})),
+        ("storage.className is immutable",)),
+    "cell-storage-shrinks": (
+        "Cell", cell_spec(driver=kubernetes_driver(storage={"size": "2Gi"})),
+        cell_spec(driver=kubernetes_driver(storage={"size": "2000Mi"})),
+        ("spec.driver.storage.size: Invalid value",
+         "storage.size may only grow: a claim cannot shrink")),
     "tenant-isolation": ("Tenant", tenant_spec(), tenant_spec(isolation="dedicated"),
                          ("spec.isolation: Invalid value",
                           "isolation is immutable; move the tenant to a new cell instead")),
@@ -326,6 +388,11 @@ def test_immutable_fields_cannot_change(kube: LocalControlPlane, request: pytest
 ALLOWED_CHANGES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "cell-grows": ("Cell", cell_spec(), cell_spec(capacity={"tenants": 20, "workerSlots": 80},
                                                   standbyRegions=["region-b"])),
+    "cell-storage-grows": (
+        "Cell", cell_spec(driver=kubernetes_driver(storage={"className": "fast", "size": "1Gi"})),
+        cell_spec(driver=kubernetes_driver(storage={"className": "fast", "size": "1.5Gi"},
+                                           apiReplicas=3, workerReplicas=2,
+                                           claimPolicy="Delete"))),
     "tenant-pinned-changes-plan": ("Tenant", tenant_spec(cell="shared-a1"),
                                    tenant_spec(cell="shared-a1", plan="enterprise")),
     "move-aborted": ("TenantMove", move_spec(), move_spec(abort=True)),
@@ -352,11 +419,22 @@ DEFAULTED: dict[str, tuple[str, type[ApiModel], dict[str, Any], dict[str, Any]]]
         "standbyRegions": [], "draining": False,
         "failover": {"automatic": True, "failoverDelaySeconds": 0, "maxStandbyLagSeconds": 30},
         "lease": {"durationSeconds": 10, "renewIntervalSeconds": 2, "marginSeconds": 2},
-        "driver": {"name": "local", "workerProcesses": 1, "allowPrivateTargets": False}}),
+        "driver": {"name": "local", "workerProcesses": 1, "allowPrivateTargets": False,
+                   "storage": {"size": "1Gi"}, "apiReplicas": 1, "workerReplicas": 1,
+                   "claimPolicy": "Retain"}}),
     "cell-partial": ("Cell", v1alpha1.CellSpec,
                      cell_spec(failover={"automatic": False}, driver={"workerProcesses": 4}), {
         "failover": {"automatic": False, "failoverDelaySeconds": 0, "maxStandbyLagSeconds": 30},
-        "driver": {"name": "local", "workerProcesses": 4, "allowPrivateTargets": False}}),
+        "driver": {"name": "local", "workerProcesses": 4, "allowPrivateTargets": False,
+                   "storage": {"size": "1Gi"}, "apiReplicas": 1, "workerReplicas": 1,
+                   "claimPolicy": "Retain"}}),
+    "cell-kubernetes": ("Cell", v1alpha1.CellSpec,
+                        cell_spec(driver={"name": "kubernetes",
+                                          "storage": {"className": "fast"},
+                                          "resources": {"database": {"limits": {"cpu": "1"}}}}),
+                        {"driver": kubernetes_driver(
+                            storage={"className": "fast", "size": "1Gi"},
+                            resources={"database": {"limits": {"cpu": "1"}}})}),
     "tenant": ("Tenant", v1alpha1.TenantSpec,
                tenant_spec(webhooks=[{"url": "https://hooks.example/jobs"}]), {
         "isolation": "shared", "regionPolicy": "SINGLE_REGION", "deletionPolicy": "Retain",

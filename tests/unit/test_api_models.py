@@ -53,6 +53,30 @@ def test_cell_parses_and_defaults() -> None:
     assert spec.lease.duration_seconds == 10 and spec.lease.margin_seconds == 2
     assert spec.driver.name == "local" and spec.driver.worker_processes == 1
     assert not spec.driver.allow_private_targets and not spec.draining
+    assert spec.driver.storage == v1alpha1.CellStorage(class_name=None, size="1Gi")
+    assert spec.driver.resources is None
+    assert (spec.driver.api_replicas, spec.driver.worker_replicas) == (1, 1)
+    assert spec.driver.claim_policy == "Retain"
+
+
+def test_kubernetes_driver_fields_parse_for_the_driver() -> None:
+    spec = v1alpha1.CellSpec.model_validate({
+        **CELL["spec"],
+        "driver": {"name": "kubernetes", "storage": {"className": "fast.ssd", "size": "20Gi"},
+                   "resources": {"database": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                              "limits": {"memory": "2Gi"}},
+                                 "worker": {"limits": {"cpu": "2"}}},
+                   "apiReplicas": 3, "workerReplicas": 4, "claimPolicy": "Delete"}})
+    driver = spec.driver
+    assert driver.name == "kubernetes"
+    assert (driver.storage.class_name, driver.storage.size) == ("fast.ssd", "20Gi")
+    assert driver.resources is not None and driver.resources.database is not None
+    assert driver.resources.database.requests == v1alpha1.ResourceList(cpu="500m", memory="1Gi")
+    assert driver.resources.database.limits == v1alpha1.ResourceList(memory="2Gi")
+    assert driver.resources.api is None
+    assert driver.resources.worker == v1alpha1.ResourceRequirements(
+        limits=v1alpha1.ResourceList(cpu="2"))
+    assert (driver.api_replicas, driver.worker_replicas, driver.claim_policy) == (3, 4, "Delete")
 
 
 def test_cell_status_parses_and_ignores_unknown_fields() -> None:
@@ -102,6 +126,12 @@ def test_snake_case_names_work_too() -> None:
     (v1alpha1.CellSpec, {"region": "region-a", "tier": "shared",
                          "capacity": {"tenants": 1, "workerSlots": 1},
                          "standbyRegions": ["a", "b", "c", "d", "e"]}),
+    *[(v1alpha1.CellSpec, {"region": "region-a", "tier": "shared",
+                           "capacity": {"tenants": 1, "workerSlots": 1}, "driver": driver})
+      for driver in ({"name": "docker"}, {"apiReplicas": 11}, {"workerReplicas": 0},
+                     {"claimPolicy": "Orphan"}, {"storage": {"size": "1 Gi"}},
+                     {"storage": {"size": "-1Gi"}}, {"storage": {"className": "Fast_SSD"}},
+                     {"resources": {"api": {"requests": {"cpu": "lots"}}}})],
     (v1alpha1.TenantSpec, {"plan": "gold", "homeRegion": "region-a"}),
     (v1alpha1.TenantSpec, {"plan": "free", "homeRegion": "region-a",
                            "quotas": {"jobsPerSecond": 0}}),

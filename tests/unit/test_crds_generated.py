@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cellplane_operator.api import crdgen, v1alpha1
+from cellplane_operator.api import base, crdgen, v1alpha1
 from cellplane_operator.api.base import ApiModel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,6 +105,7 @@ def test_crd_names_scope_and_columns() -> None:
         ("Active", ".status.activeRegion", 0), ("Epoch", ".status.epoch", 0),
         ("Phase", ".status.phase", 0), ("Age", ".metadata.creationTimestamp", 0),
         ("Capacity", ".spec.capacity.workerSlots", 1), ("Standbys", ".spec.standbyRegions", 1),
+        ("Driver", ".spec.driver.name", 1),
     ]
 
 
@@ -128,6 +130,44 @@ def test_lease_is_unchanged_from_the_hand_written_crd() -> None:
     ]
 
 
+def test_kubernetes_driver_fields_and_their_rules() -> None:
+    schema = _schema("Cell")
+    driver = schema["properties"]["spec"]["properties"]["driver"]
+    fields = driver["properties"]
+    assert fields["name"]["enum"] == ["local", "kubernetes"]
+    assert fields["name"]["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
+    storage = fields["storage"]
+    assert storage["default"] == {} and storage["properties"]["size"]["default"] == "1Gi"
+    assert "default" not in storage["properties"]["className"]
+    assert [r["fieldPath"] for r in storage["x-kubernetes-validations"]] == [".className"]
+    assert any("quantity(self).compareTo(quantity(oldSelf)) >= 0" in r["rule"]
+               for r in storage["properties"]["size"]["x-kubernetes-validations"])
+    assert "default" not in fields["resources"]
+    assert set(fields["resources"]["properties"]) == {"database", "api", "worker"}
+    for container in fields["resources"]["properties"].values():
+        for part in ("requests", "limits"):
+            amounts = container["properties"][part]["properties"]
+            assert set(amounts) == {"cpu", "memory"}
+            assert all(a["pattern"] == base.QUANTITY_PATTERN for a in amounts.values())
+    assert (fields["apiReplicas"]["minimum"], fields["apiReplicas"]["maximum"]) == (1, 10)
+    assert (fields["workerReplicas"]["minimum"], fields["workerReplicas"]["maximum"]) == (1, 16)
+    assert fields["claimPolicy"]["enum"] == ["Retain", "Delete"]
+    assert fields["claimPolicy"]["default"] == "Retain"
+    for name in ("storage", "resources", "apiReplicas", "workerReplicas", "claimPolicy"):
+        assert "a local cell ignores" in fields[name]["description"], name
+    # metadata.name is seen only at the root: the site-name length rule lives there.
+    assert any("self.metadata.name.size() + self.spec.region.size() <= 43" in r["rule"]
+               for r in schema["x-kubernetes-validations"])
+
+
+@pytest.mark.parametrize(("value", "valid"), [
+    ("1Gi", True), ("500m", True), ("1.5Gi", True), ("2", True), ("1e3", True), (".5", True),
+    ("100M", True), ("1 Gi", False), ("-1Gi", False), ("Gi", False), ("1GB", False),
+    ("1e3.5", False), ("", False)])
+def test_quantity_pattern(value: str, valid: bool) -> None:
+    assert bool(re.match(base.QUANTITY_PATTERN, value)) is valid
+
+
 def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
     """The apiserver's structural defaulting: a missing property with a default gets a
     copy of it, then defaulting continues inside (so ``default: {}`` fills in)."""
@@ -148,6 +188,10 @@ SAMPLE_SPECS: list[tuple[str, type[ApiModel], dict[str, Any]]] = [
     ("Cell", v1alpha1.CellSpec,
      {"region": "region-a", "tier": "dedicated", "capacity": {"tenants": 1, "workerSlots": 20},
       "standbyRegions": ["region-b"], "failover": {"automatic": False}, "driver": {}}),
+    ("Cell", v1alpha1.CellSpec,
+     {"region": "region-a", "tier": "shared", "capacity": {"tenants": 1, "workerSlots": 4},
+      "driver": {"name": "kubernetes", "storage": {"className": "fast"},
+                 "resources": {"api": {"limits": {"memory": "1Gi"}}}}}),
     ("Tenant", v1alpha1.TenantSpec, {"plan": "free", "homeRegion": "region-a"}),
     ("Tenant", v1alpha1.TenantSpec,
      {"plan": "pro", "homeRegion": "region-a", "quotas": {"burst": 30},

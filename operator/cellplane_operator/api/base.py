@@ -26,6 +26,10 @@ __all__ = [
     "empty_object_default",
     "DNS_LABEL_PATTERN",
     "DnsLabel",
+    "DNS_SUBDOMAIN_PATTERN",
+    "DnsSubdomain",
+    "QUANTITY_PATTERN",
+    "Quantity",
     "HttpUrl",
     "Integer",
     "Int64",
@@ -95,6 +99,19 @@ DNS_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
 """An RFC 1123 label: region, cell and tenant names. The length bound also keeps
 the CEL cost estimate of rules over such strings low."""
+
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+"""An RFC 1123 subdomain: the names of most Kubernetes objects (a StorageClass's)."""
+
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+"""A non-negative Kubernetes resource quantity (``500m``, ``1.5Gi``, ``2``, ``1e3``): the
+apiserver's own grammar without the sign, so CEL's ``quantity()`` reads every value the
+pattern admits."""
+
+Quantity = Annotated[str, Field(min_length=1, max_length=32, pattern=QUANTITY_PATTERN)]
+"""CPU, memory and storage amounts, as a Pod's ``resources`` and a claim's size take them."""
 
 HttpUrl = Annotated[str, Field(max_length=2048, pattern="^https?://")]
 """A URL the cell calls: checked here for scheme only; the cell resolves and

@@ -108,6 +108,7 @@ RESOURCES: tuple[Resource, ...] = (
             AGE,
             Column("Capacity", ".spec.capacity.workerSlots", "integer", priority=1),
             Column("Standbys", ".spec.standbyRegions", priority=1),
+            Column("Driver", ".spec.driver.name", priority=1),
         ),
     ),
     Resource(

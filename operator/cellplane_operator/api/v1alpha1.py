@@ -18,9 +18,11 @@ from cellplane_operator.api.base import (
     DNS_LABEL_PATTERN,
     ApiModel,
     DnsLabel,
+    DnsSubdomain,
     HttpUrl,
     Int64,
     Integer,
+    Quantity,
     Rule,
     cel,
     empty_object_default,
@@ -28,6 +30,7 @@ from cellplane_operator.api.base import (
     list_set,
 )
 from cellplane_operator.api.quota_rules import quota_ceiling_rules
+from cellplane_operator.domain.site_names import MAX_CELL_AND_REGION
 
 __all__ = [
     "GROUP",
@@ -45,6 +48,10 @@ __all__ = [
     "CellReconciliation",
     "CellLease",
     "CellDriver",
+    "CellStorage",
+    "CellResources",
+    "ResourceRequirements",
+    "ResourceList",
     "CellSpec",
     "CellStandby",
     "CellEndpoints",
@@ -74,8 +81,29 @@ def _name_is_a_dns_label(kind: str, why: str) -> Rule:
                 f"and '-', no dots ({why})")
 
 
-CELL_NAME_RULES = (_name_is_a_dns_label(
-    "Cell", "spec.cell and a TenantMove's targetCell name cells by DNS labels"),)
+def _kubernetes_site_names_fit() -> Rule:
+    """At the CRD's root, the only place CEL sees ``metadata.name``: a kubernetes-driver
+    cell's site objects are named ``cell-<cell>-<region>-db`` and so on
+    (``domain/site_names.py``), and the StatefulSet's name must leave room for its Pods'
+    revision-hash label."""
+    fits = f"self.metadata.name.size() + {{}}.size() <= {MAX_CELL_AND_REGION}"
+    return Rule(
+        "!has(self.spec.driver) || !has(self.spec.driver.name)"
+        " || self.spec.driver.name != 'kubernetes'"
+        f" || ((!has(self.spec.region) || {fits.format('self.spec.region')})"
+        " && (!has(self.spec.standbyRegions)"
+        f" || self.spec.standbyRegions.all(r, {fits.format('r')})))",
+        f"a kubernetes-driver Cell's name and each of its regions (spec.region, every "
+        f"spec.standbyRegions) may have at most {MAX_CELL_AND_REGION} characters together: "
+        f"its site's StatefulSet is named cell-<cell>-<region>-db and must leave room for its "
+        f"Pods' controller-revision-hash label (63 characters)")
+
+
+CELL_NAME_RULES = (
+    _name_is_a_dns_label(
+        "Cell", "spec.cell and a TenantMove's targetCell name cells by DNS labels"),
+    _kubernetes_site_names_fit(),
+)
 TENANT_NAME_RULES = (_name_is_a_dns_label(
     "Tenant", "it is the value of the cellplane.io/tenant label on the tenant's Secret and "
     "dedicated Cell, and a TenantMove's spec.tenant names it"),)
@@ -169,16 +197,87 @@ class CellLease(ApiModel):
     """Clock margin that tolerates skew and pauses."""
 
 
+class ResourceList(ApiModel):
+    """Amounts of CPU and memory, as in a Pod's container resources."""
+
+    cpu: Quantity | None = None
+    """CPU, e.g. 250m or 1."""
+    memory: Quantity | None = None
+    """Memory, e.g. 512Mi or 1Gi."""
+
+
+class ResourceRequirements(ApiModel):
+    """Requests and limits of one container, as Kubernetes' ResourceRequirements (CPU and
+    memory only). What is not set here is the operator's default (the chart's
+    cells.resources)."""
+
+    requests: ResourceList | None = None
+    """What the scheduler reserves for the container."""
+    limits: ResourceList | None = None
+    """The most the container may use (memory over it is killed, CPU over it throttled)."""
+
+
+class CellResources(ApiModel):
+    """Requests and limits of a site's containers. kubernetes driver only: a local cell
+    ignores them."""
+
+    database: ResourceRequirements | None = None
+    """The Postgres container of every site (with its site agent)."""
+    api: ResourceRequirements | None = None
+    """Each cell API container of the active site."""
+    worker: ResourceRequirements | None = None
+    """Each worker container of the active site."""
+
+
+class CellStorage(ApiModel):
+    """The PersistentVolumeClaim of each site's database. kubernetes driver only: a local
+    cell ignores it."""
+
+    model_config = ConfigDict(json_schema_extra=cel(_pin_unchanged(
+        "className", "storage.className is immutable: a claim cannot change its class")))
+
+    class_name: DnsSubdomain | None = None
+    """StorageClass of the claims; unset: the operator's default (the chart's
+    cells.storageClass), else the cluster's default class. Immutable."""
+    size: Quantity = Field(default="1Gi", json_schema_extra=cel(
+        Rule("!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))",
+             "storage.size must be more than zero"),
+        Rule("!isQuantity(self) || !isQuantity(oldSelf)"
+             " || quantity(self).compareTo(quantity(oldSelf)) >= 0",
+             "storage.size may only grow: a claim cannot shrink")))
+    """Requested size of each site's claim, e.g. 1Gi; it may grow (where the class allows
+    volume expansion), never shrink."""
+
+
 class CellDriver(ApiModel):
     """How the cell's sites are run."""
 
-    name: Literal["local"] = "local"
-    """Site driver: local runs each site as processes on the operator's machine
-    (the Kubernetes driver comes later)."""
+    name: Literal["local", "kubernetes"] = Field(default="local", json_schema_extra=cel(
+        _immutable("driver.name is immutable; create a new cell and move tenants to it")))
+    """Site driver: local runs each site as processes in its region's operator (its pod);
+    kubernetes runs each site as workloads (a Postgres StatefulSet with a claim, the API and
+    workers as Deployments) on its region's nodes. Immutable."""
     worker_processes: Integer = Field(default=1, ge=1, le=16)
-    """Worker processes of the primary site; the worker slots are spread over them."""
+    """Worker processes of the primary site; the worker slots are spread over them. local
+    driver only (the kubernetes driver's is workerReplicas)."""
     allow_private_targets: bool = False
     """Development only: tenants may register loopback and private targets and webhooks."""
+    storage: CellStorage = Field(default_factory=CellStorage,
+                                 json_schema_extra=empty_object_default())
+    """The claim of each site's database. kubernetes driver only: a local cell ignores it."""
+    resources: CellResources | None = None
+    """Requests and limits of the sites' containers; unset parts are the operator's
+    defaults (the chart's cells.resources). kubernetes driver only: a local cell ignores
+    them."""
+    api_replicas: Integer = Field(default=1, ge=1, le=10)
+    """Pods of the cell API on the active site. kubernetes driver only: a local cell
+    ignores it."""
+    worker_replicas: Integer = Field(default=1, ge=1, le=16)
+    """Pods of workers on the active site; the worker slots are spread over them.
+    kubernetes driver only: a local cell ignores it (its count is workerProcesses)."""
+    claim_policy: Literal["Retain", "Delete"] = "Retain"
+    """What deleting the Cell does to its sites' PersistentVolumeClaims: Retain keeps them
+    (and the data), Delete removes them. kubernetes driver only: a local cell ignores it."""
 
 
 class CellSpec(ApiModel):
