@@ -92,6 +92,29 @@ def _parser() -> argparse.ArgumentParser:
                           default=os.environ.get("CELLPLANE_KUBE_TIMEOUT_SECONDS", "10"),
                           help="how long one request to the Kubernetes API may take "
                                "(env CELLPLANE_KUBE_TIMEOUT_SECONDS)")
+    # The kubernetes site driver (Cells with spec.driver.name: kubernetes).
+    operator.add_argument("--cell-image", default=os.environ.get("CELLPLANE_CELL_IMAGE", ""),
+                          help="image the kubernetes driver runs sites with; empty: such "
+                               "Cells are refused (env CELLPLANE_CELL_IMAGE)")
+    operator.add_argument("--cell-image-pull-policy", choices=("Always", "IfNotPresent", "Never"),
+                          default=os.environ.get("CELLPLANE_CELL_IMAGE_PULL_POLICY",
+                                                 "IfNotPresent"),
+                          help="when the kubelet pulls --cell-image "
+                               "(env CELLPLANE_CELL_IMAGE_PULL_POLICY)")
+    operator.add_argument("--cell-namespace",
+                          default=os.environ.get("CELLPLANE_CELL_NAMESPACE", ""),
+                          help="namespace of the kubernetes driver's site objects; empty: "
+                               "--namespace (env CELLPLANE_CELL_NAMESPACE)")
+    operator.add_argument("--cell-storage-class",
+                          default=os.environ.get("CELLPLANE_CELL_STORAGE_CLASS", ""),
+                          help="StorageClass of the sites' claims when a Cell names none; "
+                               "empty: the cluster's default (env CELLPLANE_CELL_STORAGE_CLASS)")
+    operator.add_argument("--cell-resources",
+                          default=os.environ.get("CELLPLANE_CELL_RESOURCES", ""),
+                          help='default requests and limits of the sites\' containers, JSON: '
+                               '{"database": {"requests": {"cpu": "250m", "memory": "512Mi"}, '
+                               '"limits": {"memory": "1Gi"}}, "api": {...}, "worker": {...}} '
+                               "(env CELLPLANE_CELL_RESOURCES)")
     operator.add_argument("--liveness", default=None,
                           help="serve kopf's liveness probe, e.g. http://127.0.0.1:8080/healthz")
     operator.add_argument("--metrics-host",
@@ -191,7 +214,7 @@ def _run_operator(args: argparse.Namespace) -> int:
     import cellplane_operator.handlers  # noqa: F401  (registers the handlers)
     from cellplane_operator.kube import KubeClient, KubeConfig
     from cellplane_operator.localplane.binaries import Binaries
-    from cellplane_operator.settings import OperatorSettings
+    from cellplane_operator.settings import OperatorSettings, parse_cell_resources
     from cellplane_operator.sites.credentials import SecretCredentials
     from cellplane_operator.sites.local import LocalSiteDriver
 
@@ -210,6 +233,12 @@ def _run_operator(args: argparse.Namespace) -> int:
     if election is None:
         return EXIT_USAGE
     regions = tuple(r.strip() for r in args.regions.split(",") if r.strip()) or (args.region,)
+    try:
+        cell_resources = parse_cell_resources(args.cell_resources)
+    except ValueError as error:
+        print(f"cellplane operator: --cell-resources (or CELLPLANE_CELL_RESOURCES): {error}",
+              file=sys.stderr)
+        return EXIT_USAGE
     state_dir = args.state_dir.resolve()
     lock = _lock_state_dir(state_dir)
     if lock is None:
@@ -220,7 +249,10 @@ def _run_operator(args: argparse.Namespace) -> int:
         namespace=args.namespace, kubeconfig=args.kubeconfig, election=election,
         resync_seconds=args.resync_seconds, regions=regions, adopt_leases=True,
         move_progress_deadline_seconds=args.move_progress_deadline_seconds,
-        kube_timeout_seconds=args.kube_timeout_seconds)
+        kube_timeout_seconds=args.kube_timeout_seconds,
+        cell_image=args.cell_image, cell_image_pull_policy=args.cell_image_pull_policy,
+        cell_namespace=args.cell_namespace, cell_storage_class=args.cell_storage_class,
+        cell_resources=cell_resources)
     # The cells' database passwords: one Secret per cell, shared by every region's operator.
     credentials = SecretCredentials(lambda: KubeClient(KubeConfig.load(settings.kubeconfig)),
                                     settings.namespace)
