@@ -18,8 +18,8 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["SCRAM_HBA", "LEGACY_TRUST_HBA", "REPLICATION_ROLE", "scram_verifier",
-           "verifier_matches", "write_passfile", "new_password"]
+__all__ = ["SCRAM_HBA", "LEGACY_TRUST_HBA", "REPLICATION_ROLE", "LOOPBACK_NETWORKS",
+           "scram_hba", "scram_verifier", "verifier_matches", "write_passfile", "new_password"]
 
 REPLICATION_ROLE = "cellplane_replication"
 """The role standbys stream as (``primary_conninfo``, ``pg_basebackup``): REPLICATION, no
@@ -35,6 +35,22 @@ host    all             all             127.0.0.1/32    trust
 host    replication     all             127.0.0.1/32    trust
 """
 """What clusters made before password authentication trusted: recognised to upgrade them."""
+LOOPBACK_NETWORKS = ("127.0.0.1/32",)
+"""Where the local plane's and the local driver's clients are: this machine only."""
+
+
+def scram_hba(networks: tuple[str, ...] = LOOPBACK_NETWORKS) -> str:
+    """``pg_hba.conf`` admitting ``networks`` (CIDRs) with SCRAM only, and replication only as
+    the replication role. Loopback gives ``SCRAM_HBA`` itself, byte for byte (clusters made
+    before this function compare equal); a site agent in a Pod passes every address."""
+    if networks == LOOPBACK_NETWORKS:
+        return SCRAM_HBA
+    lines = ["# cellplane: every connection shows a password (SCRAM-SHA-256); never trust."]
+    lines += [f"host    all             all                     {net:<15} scram-sha-256"
+              for net in networks]
+    lines += [f"host    replication     {REPLICATION_ROLE}   {net:<15} scram-sha-256"
+              for net in networks]
+    return "\n".join(lines) + "\n"
 
 _ITERATIONS = 4096  # what Postgres itself uses (scram_iterations' default)
 

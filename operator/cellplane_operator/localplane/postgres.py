@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,9 +170,11 @@ class PostgresInstance:
 # configuration but its own start/adopt/stop path.
 
 def init_primary_cluster(binaries: Binaries, data_dir: Path, *, log: Path, os_user: str | None,
-                         superuser_password: str, durable: bool = False) -> None:
+                         superuser_password: str, durable: bool = False,
+                         hba: str = SCRAM_HBA) -> None:
     """``initdb --data-checksums`` into a fresh ``data_dir``: replication-ready, the
-    superuser's password set from the start (no moment of trust), SCRAM on loopback."""
+    superuser's password set from the start (no moment of trust), SCRAM on loopback (or
+    whatever SCRAM-only ``hba`` the caller gives: ``pgauth.scram_hba``)."""
     _prepare_dir(data_dir, log, os_user)
     # initdb (the Postgres OS user) reads the password from a file, never its argv; the
     # file is beside the data dir (initdb wants that empty) and gone once it ran.
@@ -186,7 +189,7 @@ def init_primary_cluster(binaries: Binaries, data_dir: Path, *, log: Path, os_us
         )
     finally:
         pwfile.unlink(missing_ok=True)
-    (data_dir / "pg_hba.conf").write_text(SCRAM_HBA)
+    (data_dir / "pg_hba.conf").write_text(hba)
     with (data_dir / "postgresql.conf").open("a") as conf:
         conf.write(_CONF.format(fsync="on" if durable else "off"))
 
@@ -205,10 +208,15 @@ def base_backup(binaries: Binaries, data_dir: Path, *, log: Path, os_user: str |
     )
 
 
-def postgres_argv(binaries: Binaries, data_dir: Path, port: int) -> list[str]:
+def postgres_argv(binaries: Binaries, data_dir: Path, port: int,
+                  settings: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The server's command line. The port is an argument, so a base backup can keep the
-    primary's postgresql.conf as it is."""
-    return [binaries.pg("postgres"), "-D", str(data_dir), "-c", f"port={port}"]
+    primary's postgresql.conf as it is; so are ``settings`` (name, value), which override
+    that file (a site agent's listen addresses and socket directory)."""
+    argv = [binaries.pg("postgres"), "-D", str(data_dir), "-c", f"port={port}"]
+    for name, value in settings:
+        argv += ["-c", f"{name}={value}"]
+    return argv
 
 
 def _prepare_dir(data_dir: Path, log: Path, os_user: str | None) -> None:

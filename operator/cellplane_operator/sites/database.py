@@ -11,6 +11,12 @@ Passwords are the cell's (``sites/credentials.py``), kept in the site's
 passwords existed (it trusted loopback) is upgraded in place the first time
 this code meets it (``secure_primary``, ``secure_standby``).
 
+Where the server listens and whom it admits is a ``SiteNetwork``: by default the
+local driver's (loopback, no unix socket, the private socket for reading); a
+site agent in a Pod listens on every address, admits every address with SCRAM
+only, names its database Service in endpoints and opens a fenced server for
+reading on a TCP port of its own that admits the superuser only.
+
 Every method blocks; the driver calls them in threads.
 """
 
@@ -34,8 +40,9 @@ from cellplane_cells.roles import PROCESS_ROLES
 from cellplane_operator.errors import CellplaneError, SiteError
 from cellplane_operator.localplane.binaries import Binaries
 from cellplane_operator.localplane.pgauth import (
+    LOOPBACK_NETWORKS,
     REPLICATION_ROLE,
-    SCRAM_HBA,
+    scram_hba,
     scram_verifier,
     verifier_matches,
     write_passfile,
@@ -53,7 +60,7 @@ from cellplane_operator.sites.credentials import DatabaseCredentials, write_priv
 from cellplane_operator.sites.processes import ProcessRecord, spawn, start_time, stop_processes
 from cellplane_operator.sites.state import SiteLayout
 
-__all__ = ["SiteDatabase", "DatabaseHealth", "CELL_DBNAME", "running_postmaster", "stop_postgres",
+__all__ = ["SiteDatabase", "SiteNetwork", "DatabaseHealth", "CELL_DBNAME", "running_postmaster", "stop_postgres",
            "parse_control_data", "write_primary_conninfo"]
 
 CELL_DBNAME = "cellplane"
@@ -82,6 +89,16 @@ READING_HBA = """\
 # cellplane: an old primary opened for reading over its private socket; no TCP listener.
 local   all             all                             trust
 """
+
+
+def reading_tcp_hba(networks: tuple[str, ...]) -> str:
+    """A server opened for reading on a TCP port as well: the private socket as always, and
+    over TCP the superuser only, with SCRAM (no cell role, no replication)."""
+    return READING_HBA + "".join(
+        f"host    all             {SUPERUSER:<15} {net:<15} scram-sha-256\n"
+        for net in networks)
+
+
 SOCKET_PATH_MAX = 107
 """sun_path holds 108 bytes, the last one a NUL."""
 
@@ -91,6 +108,52 @@ STOP_GRACE = 30.0
 # until they have, the shared memory is "still in use" and a new postmaster
 # refuses to start. Such a refusal is retried for this long.
 SHARED_MEMORY_RETRY_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class SiteNetwork:
+    """Where a site's Postgres listens, whom it admits, and the host its endpoints name.
+
+    The default is the local driver's, exactly: loopback only, no unix socket, and a
+    fenced server opened for reading over a private socket only. The site's own
+    connections (the driver's, the agent's) always go over loopback, so
+    ``listen_addresses`` must include it (``*`` does).
+    """
+
+    listen_addresses: str = LOOPBACK
+    """The server's ``listen_addresses``: ``*`` in a Pod."""
+    advertised_host: str = LOOPBACK
+    """The host that endpoints and the cell processes' conninfos name: in a Pod, a DNS name
+    of the site's database."""
+    client_networks: tuple[str, ...] = LOOPBACK_NETWORKS
+    """The CIDRs pg_hba.conf admits, with SCRAM only (``pgauth.scram_hba``)."""
+    socket_dir: Path | None = None
+    """``unix_socket_directories``; None: no socket (the local driver's)."""
+    reading_port: int | None = None
+    """None: a fenced server opened for reading listens on its private socket only. A port:
+    also on TCP there (``listen_addresses``), admitting the superuser only, with SCRAM: the
+    operator of a Pod's site is on another machine."""
+
+    @property
+    def is_local(self) -> bool:
+        """The local driver's network: its command lines stay exactly what they were."""
+        return self == SiteNetwork()
+
+    def server_settings(self) -> list[tuple[str, str]]:
+        """``-c`` settings of the normal server; none for the local driver, whose
+        postgresql.conf already says loopback and no socket."""
+        if self.is_local:
+            return []
+        sockets = "" if self.socket_dir is None else f'"{self.socket_dir}"'
+        return [("listen_addresses", self.listen_addresses),
+                ("unix_socket_directories", sockets)]
+
+    @property
+    def hba(self) -> str:
+        return scram_hba(self.client_networks)
+
+
+LOCAL_NETWORK = SiteNetwork()
 
 
 @dataclass(frozen=True)
@@ -104,11 +167,12 @@ class DatabaseHealth:
 
 class SiteDatabase:
     def __init__(self, binaries: Binaries, layout: SiteLayout, port: int, *,
-                 os_user: str | None) -> None:
+                 os_user: str | None, network: SiteNetwork = LOCAL_NETWORK) -> None:
         self._binaries = binaries
         self._layout = layout
         self.port = port
         self._os_user = os_user
+        self.network = network
 
     @property
     def data_dir(self) -> Path:
@@ -121,16 +185,19 @@ class SiteDatabase:
     @property
     def endpoint(self) -> DatabaseEndpoint:
         """The operator's way in: the superuser, its password in the site's passfile."""
-        return DatabaseEndpoint(host=LOOPBACK, port=self.port, dbname=CELL_DBNAME, user=SUPERUSER,
+        return DatabaseEndpoint(host=self.network.advertised_host, port=self.port,
+                                dbname=CELL_DBNAME, user=SUPERUSER,
                                 passfile=str(self._layout.passfile(SUPERUSER)))
 
     def dsn(self, dbname: str = "postgres") -> str:
+        # The site's own connections: over loopback, wherever the server is advertised.
         return make_conninfo(host=LOOPBACK, port=self.port, user=SUPERUSER, dbname=dbname,
                              passfile=str(self._layout.passfile(SUPERUSER)))
 
     def role_conninfo(self, role: str) -> str:
         """A cell process's conninfo: its own role, its own passfile (no password in it)."""
-        return make_conninfo(host=LOOPBACK, port=self.port, user=role, dbname=CELL_DBNAME,
+        return make_conninfo(host=self.network.advertised_host, port=self.port, user=role,
+                             dbname=CELL_DBNAME,
                              passfile=str(self._layout.passfile(role)))
 
     def replication_conninfo(self, primary: DatabaseEndpoint) -> str:
@@ -229,7 +296,7 @@ class SiteDatabase:
 
     def write_scram_hba(self) -> None:
         """The SCRAM pg_hba.conf, written in place (the file keeps its owner)."""
-        (self.data_dir / "pg_hba.conf").write_text(SCRAM_HBA)
+        (self.data_dir / "pg_hba.conf").write_text(self.network.hba)
 
     @property
     def initialized(self) -> bool:
@@ -238,10 +305,15 @@ class SiteDatabase:
     def running_postmaster(self) -> ProcessRecord | None:
         return running_postmaster(self._layout)
 
+    @property
+    def reading_port(self) -> int:
+        """The port of the server ``start_for_reading`` starts (its socket's name too)."""
+        return self.network.reading_port or self.port
+
     def reading_dsn(self, dbname: str = "postgres") -> str:
         """Over the private socket of ``start_for_reading``."""
-        return make_conninfo(host=str(self._layout.reading_dir), port=self.port, user=SUPERUSER,
-                             dbname=dbname)
+        return make_conninfo(host=str(self._layout.reading_dir), port=self.reading_port,
+                             user=SUPERUSER, dbname=dbname)
 
     def accepts_connections(self, dsn: str | None = None) -> bool:
         try:
@@ -256,7 +328,8 @@ class SiteDatabase:
         password = self._required_credentials().password(SUPERUSER)
         try:
             init_primary_cluster(self._binaries, self.data_dir, log=self.log,
-                                 os_user=self._os_user, superuser_password=password)
+                                 os_user=self._os_user, superuser_password=password,
+                                 hba=self.network.hba)
         except CellplaneError as error:
             raise SiteError(f"initdb for {self._layout.root.name} failed: {error}") from error
 
@@ -280,8 +353,9 @@ class SiteDatabase:
         ``on_spawn`` records the process before the wait, so a start that times
         out still leaves a PID behind for the next stop.
         """
-        return self._start(postgres_argv(self._binaries, self.data_dir, self.port), on_spawn,
-                           ready=self.wait_ready)
+        argv = postgres_argv(self._binaries, self.data_dir, self.port,
+                             self.network.server_settings())
+        return self._start(argv, on_spawn, ready=self.wait_ready)
 
     def start_for_reading(self, on_spawn: Callable[[ProcessRecord], None]) -> ProcessRecord:
         """Starts the postmaster read-only, reachable over a private unix socket and nothing else.
@@ -291,8 +365,11 @@ class SiteDatabase:
         normally). Read-only by default only: the private socket is the fence.
         """
         hba = self._prepare_reading_dir()
-        argv = [*postgres_argv(self._binaries, self.data_dir, self.port),
-                "-c", "listen_addresses=",
+        # With a reading port, TCP there too (pg_hba: the superuser, SCRAM) and nothing on the
+        # site's own port, which its Service and its standbys use.
+        listen = "" if self.network.reading_port is None else self.network.listen_addresses
+        argv = [*postgres_argv(self._binaries, self.data_dir, self.reading_port),
+                "-c", f"listen_addresses={listen}",
                 "-c", f'unix_socket_directories="{self._layout.reading_dir}"',
                 "-c", f"hba_file={hba}",
                 "-c", "default_transaction_read_only=on"]
@@ -403,14 +480,15 @@ class SiteDatabase:
     def _prepare_reading_dir(self) -> Path:
         """The private socket directory, mode 0700 and the Postgres OS user's; its hba file."""
         directory = self._layout.reading_dir
-        socket = directory / f".s.PGSQL.{self.port}"
+        socket = directory / f".s.PGSQL.{self.reading_port}"
         if len(str(socket).encode()) > SOCKET_PATH_MAX:
             raise SiteError(f"the socket path {socket} is longer than the {SOCKET_PATH_MAX} "
                             "bytes a unix socket may have: use a shorter state dir")
         directory.mkdir(mode=0o700, exist_ok=True)
         directory.chmod(0o700)
         hba = directory / "pg_hba.conf"
-        hba.write_text(READING_HBA)
+        hba.write_text(READING_HBA if self.network.reading_port is None
+                       else reading_tcp_hba(self.network.client_networks))
         if self._os_user is not None:
             owner = pwd.getpwnam(self._os_user)
             for path in (directory, hba):

@@ -62,7 +62,9 @@ from cellplane_operator.sites.credentials import (
     DatabaseCredentials,
     GeneratedCredentials,
 )
-from cellplane_operator.sites.database import CELL_DBNAME, SiteDatabase, stop_postgres
+from cellplane_operator.sites.database import (
+    CELL_DBNAME, LOCAL_NETWORK, SiteDatabase, SiteNetwork, stop_postgres,
+)
 from cellplane_operator.sites.failover import (
     ASIDE_DATA_DIR, DEMOTED, FENCED, KEPT_DOWN, demote, fence, promote, refuse_role, restore_hba,
     rewind_or_clone, write_standby_config,
@@ -110,8 +112,15 @@ class LocalSiteDriver:
     def __init__(self, binaries: Binaries, state_dir: Path, *,
                  python: str = sys.executable,
                  credentials: CredentialSource | None = None,
-                 advertise_host: str = LOOPBACK) -> None:
+                 advertise_host: str = LOOPBACK,
+                 network: SiteNetwork = LOCAL_NETWORK,
+                 postgres_port: int | None = None) -> None:
         self._binaries = binaries
+        # Where each site's Postgres listens and whom it admits (the site agent's differs).
+        self._network = network
+        # A fixed port for every site's Postgres (the site agent's one site); None: chosen
+        # free once per site and kept in site.json.
+        self._postgres_port = postgres_port
         # Where the cells' APIs listen and are published: loopback on a machine; in a
         # Pod its IP, so the placement leader and the routers in other pods reach them.
         self._host = advertise_host
@@ -179,6 +188,11 @@ class LocalSiteDriver:
     async def check(self, site: SiteKey) -> SiteHealth:
         async with self._lock(site):
             return await asyncio.to_thread(self._check, site)
+
+    async def observe(self, site: SiteKey) -> SiteHealth:
+        """``check`` that touches no process: nothing is restarted or converged. Takes no
+        lock (like ``database_role``), so it answers during a base backup."""
+        return await asyncio.to_thread(self._check, site, restart=False)
 
     async def destroy(self, site: SiteKey) -> None:
         async with self._lock(site):
@@ -525,14 +539,14 @@ class LocalSiteDriver:
 
     # -- health and teardown -----------------------------------------------------------
 
-    def _check(self, site: SiteKey) -> SiteHealth:
+    def _check(self, site: SiteKey, *, restart: bool = True) -> SiteHealth:
         layout = self.layout(site)
         state = SiteState.load(layout)
         if state is None:
             return SiteHealth(database_up=False, serving=False, epoch=None, endpoints=None)
         db = self._database(layout, state)
         restarted: list[str] = []
-        if _restartable(state, db):
+        if restart and _restartable(state, db):
             try:
                 if self._run_postgres(state, layout, db, create=_never):
                     restarted.append(POSTGRES)
@@ -543,7 +557,7 @@ class LocalSiteDriver:
         token = layout.read_token()
         serving = False
         if state.serving is not None and token is not None and health is not None:
-            started = self._converge(site, state, layout, db)
+            started = self._converge(site, state, layout, db) if restart else []
             restarted += started
             try:
                 if started:
@@ -589,7 +603,8 @@ class LocalSiteDriver:
                 self._state_dir.chmod(0o755)
             layout.logs.mkdir(parents=True, exist_ok=True)
             state = SiteState(site.cell, site.region, ports={
-                POSTGRES: free_port(), "api": free_port(), "admin": free_port()})
+                POSTGRES: self._postgres_port or free_port(), "api": free_port(),
+                "admin": free_port()})
             state.save(layout)
         return state, layout, self._database(layout, state)
 
@@ -602,7 +617,8 @@ class LocalSiteDriver:
         return state, layout, self._database(layout, state)
 
     def _database(self, layout: SiteLayout, state: SiteState) -> SiteDatabase:
-        return SiteDatabase(self._binaries, layout, state.ports[POSTGRES], os_user=self._os_user)
+        return SiteDatabase(self._binaries, layout, self._postgres_port or state.ports[POSTGRES],
+                            os_user=self._os_user, network=self._network)
 
 
 def _record_postgres(state: SiteState, layout: SiteLayout, record: ProcessRecord) -> None:
