@@ -202,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
     from cellplane_cells.cli import add_cell_commands
 
     add_cell_commands(commands)
+    from cellplane_operator.sites.agent_cli import add_site_commands
+
+    add_site_commands(commands)
     return parser
 
 

@@ -21,6 +21,8 @@ __all__ = [
     "KubeNotFoundError",
     "KubeConflictError",
     "CellApiError",
+    "AgentWireError",
+    "AgentUnreachable",
 ]
 
 
@@ -96,3 +98,17 @@ class CellApiError(CellplaneError):
         self.status = status
         self.code = code
         self.detail = detail
+
+
+class AgentWireError(CellplaneError):
+    """A site agent's request or answer is not in its wire format (``sites/agent_wire.py``):
+    the agent answers such a request with 400."""
+
+
+class AgentUnreachable(SiteError):
+    """A site agent did not answer, or answered other than with a result or a refusal (401,
+    400, 500, not JSON). The message names the URL; ``status`` is 0 when nothing answered."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
