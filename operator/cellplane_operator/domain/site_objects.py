@@ -277,9 +277,9 @@ def pod_host(site: KubernetesSite) -> str:
 
 
 def agent_argv(site: KubernetesSite) -> list[str]:
-    """The database container's command: the site agent, which does NOT exist yet.
+    """The database container's command: the site agent (``sites/agent*.py``).
 
-    ``cellplane site agent`` is to supervise Postgres as its child and perform, when the
+    ``cellplane site agent`` supervises Postgres as its child and performs, when the
     operator asks over its endpoint (``--listen``, the bearer token in ``--token-file``),
     what ``sites/local.py`` does to a database: init, base backup from a primary, stream
     as a standby, promote then checkpoint, demote, fence, open a fenced server for
@@ -294,7 +294,10 @@ def agent_argv(site: KubernetesSite) -> list[str]:
             f"--state-dir={STATE_DIR}", f"--socket-dir={SOCKET_DIR}",
             f"--postgres-bin={POSTGRES_BIN}", f"--postgres-port={DATABASE_PORT}",
             f"--credentials-dir={CREDENTIALS_DIR}", f"--token-file={AGENT_TOKEN_DIR}/token",
-            f"--listen=0.0.0.0:{AGENT_PORT}"]
+            f"--listen=0.0.0.0:{AGENT_PORT}",
+            # Endpoints name the Pod's own DNS name: the operator reaches a fenced server
+            # opened for reading there (the Pod is not Ready, the database Service skips it).
+            f"--advertise-host={pod_host(site)}", f"--reading-port={READING_PORT}"]
 
 
 def _database_container(site: KubernetesSite) -> Manifest:
