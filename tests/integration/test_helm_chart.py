@@ -52,6 +52,20 @@ CLUSTER_GRANTS = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }
 NAMESPACE_GRANTS = {("", "configmaps", verb) for verb in ("get", "create", "patch")}
+# The kubernetes site driver's objects, in the cells' namespace (cells.namespace).
+WRITE = ("get", "list", "watch", "create", "patch", "update", "delete")
+CELL_NAMESPACE_GRANTS = {
+    ("apps", resource, verb) for resource in ("statefulsets", "deployments") for verb in WRITE
+} | {("", "services", verb) for verb in WRITE} | {
+    ("", "persistentvolumeclaims", verb) for verb in ("get", "list", "watch", "patch", "delete")
+} | {("", "pods", verb) for verb in ("get", "list", "watch", "delete")} | {
+    ("", "secrets", verb) for verb in ("get", "create", "patch")
+} | {("", "events", "create")}
+CELL_RESOURCES = {
+    "database": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+    "api": {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"memory": "512Mi"}},
+    "worker": {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"memory": "512Mi"}},
+}
 
 
 def three_regions(etcd_endpoints: list[str]) -> dict[str, Any]:
@@ -85,6 +99,16 @@ def operator_args(deployment: dict[str, Any]) -> list[str]:
     return list(container["args"])
 
 
+def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def operator_deployments(objects: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    return sorted(name for name, d in objects["Deployment"].items()
+                  if d["metadata"]["labels"]["app.kubernetes.io/component"] == "operator")
+
+
 def test_chart_renders_one_operator_per_region_and_least_privilege_rbac() -> None:
     endpoints = ["etcd-a.example.internal:2379", "etcd-b.example.internal:2379",
                  "etcd-c.example.internal:2379"]
@@ -95,7 +119,7 @@ def test_chart_renders_one_operator_per_region_and_least_privilege_rbac() -> Non
     objects = by_kind(chartinstall.documents(chartinstall.render(values)))
 
     deployments = objects["Deployment"]
-    assert sorted(deployments) == [f"{RELEASE}-{region}" for region in REGIONS]
+    assert operator_deployments(objects) == [f"{RELEASE}-{region}" for region in REGIONS]
     for region in REGIONS:
         deployment = deployments[f"{RELEASE}-{region}"]
         assert deployment["metadata"]["namespace"] == NAMESPACE
@@ -112,8 +136,11 @@ def test_chart_renders_one_operator_per_region_and_least_privilege_rbac() -> Non
             f"--etcd={','.join(own_etcd)}", f"--namespace={NAMESPACE}",
             "--state-dir=/var/lib/cellplane/sites", "--election-lease-seconds=10",
             "--election-renew-seconds=2", "--election-margin-seconds=2", "--resync-seconds=30",
+            "--cell-image=registry.invalid/cellplane-operator:test",
+            "--cell-image-pull-policy=IfNotPresent", f"--cell-namespace={NAMESPACE}",
             "--liveness=http://0.0.0.0:8080/healthz", "--metrics-host=0.0.0.0",
             "--metrics-port=9300"]
+        assert json.loads(env_of(deployment)["CELLPLANE_CELL_RESOURCES"]) == CELL_RESOURCES
         assert {p["name"]: p["containerPort"] for p in container["ports"]} == \
             {"metrics": 9300, "healthz": 8080}
         assert pod["spec"]["nodeSelector"] == (
@@ -130,7 +157,8 @@ def test_chart_renders_one_operator_per_region_and_least_privilege_rbac() -> Non
         selector = service["spec"]["selector"]
         assert selector.items() <= pod["metadata"]["labels"].items()
         assert selector == deployment["spec"]["selector"]["matchLabels"]
-    assert len(objects["Service"]) == len(REGIONS)
+        router_checks(objects, region, own_etcd, operator=deployment)
+    assert len(objects["Service"]) == 3 * len(REGIONS)
 
     assert list(objects["ServiceAccount"]) == [SERVICE_ACCOUNT]
     cluster_role = objects["ClusterRole"][f"{RELEASE}-operator"]
@@ -141,12 +169,18 @@ def test_chart_renders_one_operator_per_region_and_least_privilege_rbac() -> Non
     role = objects["Role"][f"{RELEASE}-operator"]
     assert role["metadata"]["namespace"] == NAMESPACE
     assert grants(role["rules"]) == NAMESPACE_GRANTS
+    cells_role = objects["Role"][f"{RELEASE}-cells"]
+    assert cells_role["metadata"]["namespace"] == NAMESPACE
+    assert grants(cells_role["rules"]) == CELL_NAMESPACE_GRANTS
+    assert not any("*" in str(rule) for rule in cells_role["rules"]), "no wildcard grants"
     subject = {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
-    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = objects[kind][f"{RELEASE}-operator"]
+    for kind, role_kind, name in (("ClusterRoleBinding", "ClusterRole", f"{RELEASE}-operator"),
+                                  ("RoleBinding", "Role", f"{RELEASE}-operator"),
+                                  ("RoleBinding", "Role", f"{RELEASE}-cells")):
+        binding = objects[kind][name]
         assert binding["subjects"] == [subject]
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                      "kind": role_kind, "name": f"{RELEASE}-operator"}
+                                      "kind": role_kind, "name": name}
 
     # The CRDs are exactly the project's (Helm's crds/ convention; byte-identity is
     # tests/unit/test_chart.py), and the cell-deletion guard comes with them.
@@ -157,6 +191,94 @@ def test_chart_renders_one_operator_per_region_and_least_privilege_rbac() -> Non
               yaml.safe_load_all((REPO / "deploy" / "admission" / "cell-deletion.yaml").read_text())}
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
         assert objects[kind] == {policy[kind]["metadata"]["name"]: policy[kind]}
+
+
+def router_checks(objects: dict[str, dict[str, dict[str, Any]]], region: str,
+                  etcd: list[str], *, operator: dict[str, Any]) -> None:
+    """The region's router: the operator's image, etcd and node pinning; its Service on the
+    port tenants call, its metrics on a Service apart; no Kubernetes API token."""
+    router = objects["Deployment"][f"{RELEASE}-router-{region}"]
+    pod = router["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    operator_pod = operator["spec"]["template"]["spec"]
+    assert container["image"] == operator_pod["containers"][0]["image"]
+    assert container["command"] == ["cellplane"]
+    assert container["args"] == ["router", f"--etcd={','.join(etcd)}", "--host=0.0.0.0",
+                                 "--port=8080", "--hold-seconds=15", "--metrics-host=0.0.0.0",
+                                 "--metrics-port=9300"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == \
+        {"http": 8080, "metrics": 9300}
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "http"}
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
+    assert container["securityContext"] == operator_pod["containers"][0]["securityContext"]
+    assert pod["spec"]["securityContext"] == operator_pod["securityContext"]
+    assert pod["spec"]["nodeSelector"] == operator_pod["nodeSelector"]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod["spec"]
+    labels = pod["metadata"]["labels"]
+    assert (labels["app.kubernetes.io/component"], labels["cellplane.io/region"]) == \
+        ("router", region)
+    service = objects["Service"][f"{RELEASE}-router-{region}"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    metrics = objects["Service"][f"{RELEASE}-router-{region}-metrics"]
+    assert metrics["spec"]["ports"] == [
+        {"name": "metrics", "port": 9300, "targetPort": "metrics", "protocol": "TCP"}]
+    assert metrics["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    for selecting in (service, metrics):
+        selector = selecting["spec"]["selector"]
+        assert selector == router["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= labels.items()
+        # Never the operator's pod.
+        assert not selector.items() <= operator["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_chart_renders_the_cell_defaults_and_their_namespace() -> None:
+    values = {**three_regions(["etcd-a.example.internal:2379"]),
+              "cells": {"image": {"repository": "registry.invalid/cells", "tag": "7",
+                                  "pullPolicy": "Always"},
+                        "namespace": "cells", "storageClass": "fast-ssd",
+                        "resources": {"database": {"limits": {"memory": "4Gi"}}}},
+              "router": {"replicas": 2, "holdSeconds": 5, "containerPort": 8000,
+                         "service": {"type": "LoadBalancer", "port": 80},
+                         "resources": {"limits": {"memory": "256Mi"}}},
+              "metrics": {"enabled": False}}
+    objects = by_kind(chartinstall.documents(chartinstall.render(values, include_crds=False)))
+    deployment = objects["Deployment"][f"{RELEASE}-region-a"]
+    args = operator_args(deployment)
+    assert [a for a in args if a.startswith("--cell-")] == [
+        "--cell-image=registry.invalid/cells:7", "--cell-image-pull-policy=Always",
+        "--cell-namespace=cells", "--cell-storage-class=fast-ssd"]
+    # Helm merges maps: a value sets what it names, the chart's defaults keep the rest.
+    resources = json.loads(env_of(deployment)["CELLPLANE_CELL_RESOURCES"])
+    assert resources["database"] == {"requests": CELL_RESOURCES["database"]["requests"],
+                                     "limits": {"memory": "4Gi"}}
+    assert resources["api"] == CELL_RESOURCES["api"]
+    # The site objects' Role goes where the sites are; the operator's stays at home.
+    assert objects["Role"][f"{RELEASE}-cells"]["metadata"]["namespace"] == "cells"
+    assert objects["RoleBinding"][f"{RELEASE}-cells"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
+    assert objects["Role"][f"{RELEASE}-operator"]["metadata"]["namespace"] == NAMESPACE
+    # The routers: replicas, hold, port and Service as set; no metrics Services.
+    router = objects["Deployment"][f"{RELEASE}-router-region-a"]
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    assert router["spec"]["replicas"] == 2
+    assert container["args"] == ["router", "--etcd=etcd-a.example.internal:2379",
+                                 "--host=0.0.0.0", "--port=8000", "--hold-seconds=5"]
+    assert container["resources"] == {"limits": {"memory": "256Mi"}}
+    service = objects["Service"][f"{RELEASE}-router-region-a"]
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert sorted(objects["Service"]) == [f"{RELEASE}-router-{region}" for region in REGIONS]
+
+
+def test_chart_without_routers() -> None:
+    values = {**three_regions(["etcd-a.example.internal:2379"]), "router": {"enabled": False}}
+    objects = by_kind(chartinstall.documents(chartinstall.render(values, include_crds=False)))
+    assert operator_deployments(objects) == sorted(objects["Deployment"])
+    assert not any("router" in name for name in objects["Service"])
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -278,12 +400,18 @@ def test_chart_applies_and_the_service_account_is_refused_what_the_chart_does_no
 
     allowed = [("create", "cells.cellplane.io"), ("patch", "tenants.cellplane.io/status", "-A"),
                ("create", "secrets", "-n", "tenant-ns"), ("create", "events", "-n", "tenant-ns"),
-               ("patch", "configmaps", "-n", NAMESPACE), ("watch", "tenantmoves.cellplane.io", "-A")]
+               ("patch", "configmaps", "-n", NAMESPACE), ("watch", "tenantmoves.cellplane.io", "-A"),
+               ("create", "statefulsets.apps", "-n", NAMESPACE),
+               ("delete", "persistentvolumeclaims", "-n", NAMESPACE),
+               ("patch", "secrets", "-n", NAMESPACE), ("delete", "pods", "-n", NAMESPACE)]
     denied = [("update", "cells.cellplane.io"), ("list", "secrets", "-A"),
               ("watch", "secrets", "-n", NAMESPACE), ("create", "configmaps", "-n", "tenant-ns"),
               ("create", "namespaces"), ("delete", "customresourcedefinitions"),
               ("create", "pods", "-n", NAMESPACE), ("create", "rolebindings", "-n", NAMESPACE),
-              ("delete", "tenants.cellplane.io", "-A"), ("get", "namespaces/default")]
+              ("delete", "tenants.cellplane.io", "-A"), ("get", "namespaces/default"),
+              ("create", "statefulsets.apps", "-n", "tenant-ns"),
+              ("create", "persistentvolumeclaims", "-n", NAMESPACE),
+              ("patch", "secrets", "-n", "tenant-ns"), ("create", "pods/exec", "-n", NAMESPACE)]
     assert [args for args in allowed if not can_i(*args)] == []
     assert [args for args in denied if can_i(*args)] == []
 
@@ -346,8 +474,9 @@ def test_helm_install_and_uninstall_on_the_apiserver(kube: LocalControlPlane) ->
     assert "one operator per region (region-a,region-b,region-c)" in installed.stdout
     deployments = json.loads(kube.kubectl("get", "deployments", "-n", namespace,
                                           "-o", "json").stdout)
-    assert sorted(d["metadata"]["name"] for d in deployments["items"]) == \
+    assert sorted(d["metadata"]["name"] for d in deployments["items"]) == sorted(
         [f"{release}-{region}" for region in REGIONS]
+        + [f"{release}-router-{region}" for region in REGIONS])
     kube.kubectl("get", "clusterrole", f"{release}-operator")
     listed = chartinstall.run_helm("list", f"--kubeconfig={kube.kubeconfig}", "-n", namespace,
                                    "-o", "json")

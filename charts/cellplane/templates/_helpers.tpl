@@ -59,3 +59,28 @@ cellplane.io/region: {{ .region.name }}
 {{- end -}}
 {{- join "," $names -}}
 {{- end -}}
+
+{{/* Selects the router pods of one region; called with (dict "root" $ "region" $region). */}}
+{{- define "cellplane.routerSelector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: router
+cellplane.io/region: {{ .region.name }}
+{{- end -}}
+
+{{/* The image of the operators and the routers (one image for both). */}}
+{{- define "cellplane.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The image the kubernetes site driver runs cells with: cells.image, else the operator's. */}}
+{{- define "cellplane.cellImage" -}}
+{{- $repository := .Values.cells.image.repository | default .Values.image.repository -}}
+{{- $tag := .Values.cells.image.tag | default (ternary (.Values.image.tag | default .Chart.AppVersion) .Chart.AppVersion (not .Values.cells.image.repository)) -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+
+{{/* The namespace of the kubernetes driver's site objects: cells.namespace, else the release's. */}}
+{{- define "cellplane.cellNamespace" -}}
+{{- .Values.cells.namespace | default .Release.Namespace -}}
+{{- end -}}
