@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from schemawalk import unknown_fields
+from cellplane_operator.api.base import DNS_SUBDOMAIN_PATTERN, QUANTITY_PATTERN
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -307,8 +308,12 @@ def _bounds(schema: dict[str, Any]) -> str:
         parts.append(", ".join(p for p in (left, right) if p))
     if "maxItems" in schema:
         parts.append(f"at most {schema['maxItems']} items")
-    if schema.get("pattern") == "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$":
-        parts.append("a DNS label")
+    # Named patterns: a regular expression's brackets and bars would break the table.
+    named = {"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$": "a DNS label",
+             DNS_SUBDOMAIN_PATTERN: "a DNS subdomain",
+             QUANTITY_PATTERN: "a quantity such as `500m` or `1Gi`"}
+    if schema.get("pattern") in named:
+        parts.append(named[schema["pattern"]])
     elif "pattern" in schema:
         parts.append(f"matches `{schema['pattern']}`")
     if "maxLength" in schema and schema.get("pattern") != "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$":
