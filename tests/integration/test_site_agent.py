@@ -296,6 +296,8 @@ async def test_failover_and_rebuild_through_two_agents(workspace: Agents) -> Non
     assert (restarted.restarted, restarted.database_up, restarted.in_recovery) == (
         ("postgres",), True, False)
     assert _rows(a.postgres_port, superuser) == [1]
+    # Its unix socket is in the socket dir (the Pod's pg_isready readiness probe looks there).
+    assert (workspace.base / "sock-a" / f".s.PGSQL.{a.postgres_port}").is_socket()
 
     # A standby of it, across TCP as the replication role with SCRAM, streams the row.
     standby = await client_b.ensure_standby(LOOPBACK, a.postgres_port)

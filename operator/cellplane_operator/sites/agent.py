@@ -36,7 +36,7 @@ from cellplane_operator.sites.agent_wire import AgentEndpoint, AgentStatus
 from cellplane_operator.sites.base import DatabaseEndpoint, SiteKey
 from cellplane_operator.sites.credentials import ROLES, DatabaseCredentials
 from cellplane_operator.sites.database import CELL_DBNAME, SiteNetwork
-from cellplane_operator.sites.local import LocalSiteDriver, stop_all_sites
+from cellplane_operator.sites.local import LocalSiteDriver, stop_site
 from cellplane_operator.sites.state import SiteLayout
 
 __all__ = ["AgentConfig", "SiteAgent", "DirectoryCredentials", "EVERY_ADDRESS"]
@@ -200,8 +200,9 @@ class SiteAgent:
             await self._driver.destroy(self._site)
 
     def shutdown(self) -> list[int]:
-        """Stops the site's Postgres (a fast shutdown); the record stays. Blocks."""
-        return stop_all_sites(self._config.state_dir)
+        """Stops the site's Postgres (a fast shutdown); the record stays. Blocks. Only this
+        site's directory is looked at: a volume's root holds others (``lost+found``)."""
+        return stop_site(self._layout)
 
     # -- the record ---------------------------------------------------------------------------
 

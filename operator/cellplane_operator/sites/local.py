@@ -72,7 +72,7 @@ from cellplane_operator.sites.failover import (
 from cellplane_operator.sites.processes import ProcessRecord, spawn, stop_processes, wait_gone
 from cellplane_operator.sites.state import DatabaseIntent, ServingIntent, SiteLayout, SiteState
 
-__all__ = ["LocalSiteDriver", "stop_all_sites", "site_process_ids"]
+__all__ = ["LocalSiteDriver", "stop_site", "stop_all_sites", "site_process_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -582,7 +582,7 @@ class LocalSiteDriver:
 
     def _destroy(self, site: SiteKey) -> None:
         layout = self.layout(site)
-        _stop_site(layout)
+        stop_site(layout)
         shutil.rmtree(layout.root, ignore_errors=True)
         if layout.root.exists():
             raise SiteError(f"could not remove {layout.root}")
@@ -644,7 +644,7 @@ def _never() -> None:
     raise SiteError("the site's Postgres cluster is gone; it is not recreated by a health check")
 
 
-def _stop_site(layout: SiteLayout) -> list[int]:
+def stop_site(layout: SiteLayout) -> list[int]:
     """Stops the site's API and workers, then its Postgres; returns the PIDs stopped."""
     state = SiteState.load(layout)
     stopped: list[int] = []
@@ -675,7 +675,7 @@ def stop_all_sites(state_dir: Path) -> list[int]:
         return []
     stopped: list[int] = []
     for root in sorted(p for p in state_dir.iterdir() if p.is_dir()):
-        stopped += _stop_site(SiteLayout(root))
+        stopped += stop_site(SiteLayout(root))
     if left := wait_gone(stopped):
         log.warning("stopped site processes not yet reaped by their parent: %s", left)
     return stopped
