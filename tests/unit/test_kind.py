@@ -110,10 +110,11 @@ def rendered_etcd() -> list[dict[str, Any]]:
                                                       stdin=lines)) if doc]
 
 
-def operator_deployments(values_file: Path) -> list[dict[str, Any]]:
+def operator_deployments(values_file: Path, component: str = "operator") -> list[dict[str, Any]]:
     chart_values = {**values(values_file), "etcd": {"endpoints": ["192.0.2.1:2379"]}}
     return [doc for doc in documents(render(chart_values, include_crds=False))
-            if doc["kind"] == "Deployment"]
+            if doc["kind"] == "Deployment"
+            and doc["metadata"]["labels"]["app.kubernetes.io/component"] == component]
 
 
 # ------------------------------------------------------------------ (a) the nodes
@@ -209,6 +210,11 @@ def test_both_values_render_one_operator_per_region_on_its_node(values_file: Pat
         assert spec["nodeSelector"] == {REGION_LABEL: node.region}
         # ... which only that node's labels match.
         assert all(node.labels[key] == value for key, value in spec["nodeSelector"].items())
+
+    # Each region's router goes to the same node as its operator.
+    routers = operator_deployments(values_file, component="router")
+    assert [r["spec"]["template"]["spec"]["nodeSelector"] for r in routers] == \
+        [{REGION_LABEL: node.region} for node in PLAN.nodes]
 
 
 # ------------------------------------------------------------------ (d) the script
