@@ -27,6 +27,10 @@ from cellplane_operator.errors import CellplaneError
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
+    from cellplane_operator.settings import OperatorSettings
+    from cellplane_operator.sites.base import SiteDriver
+    from cellplane_operator.sites.credentials import CredentialSource
+
     from cellplane_operator.domain.ownership import LeaseSettings
 
 __all__ = ["main"]
@@ -259,8 +263,11 @@ def _run_operator(args: argparse.Namespace) -> int:
     # The cells' database passwords: one Secret per cell, shared by every region's operator.
     credentials = SecretCredentials(lambda: KubeClient(KubeConfig.load(settings.kubeconfig)),
                                     settings.namespace)
-    driver = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir,
-                             credentials=credentials, advertise_host=args.advertise_host)
+    local = LocalSiteDriver(Binaries.discover(postgres_only=True), settings.state_dir,
+                            credentials=credentials, advertise_host=args.advertise_host)
+    driver = _site_drivers(settings, local, credentials)
+    if driver is None:
+        return EXIT_USAGE
     if args.metrics_port:
         from cellplane_operator.metrics import OPERATOR_REGISTRY
 
@@ -271,6 +278,40 @@ def _run_operator(args: argparse.Namespace) -> int:
     asyncio.run(kopf.operator(standalone=True, clusterwide=True, memo=memo,
                               liveness_endpoint=args.liveness))
     return EXIT_OK
+
+
+def _site_drivers(settings: OperatorSettings, local: SiteDriver,
+                  credentials: CredentialSource) -> SiteDriver | None:
+    """The local driver, and the kubernetes driver when the operator was given the sites'
+    image (without one, a kubernetes Cell says in its status that nothing runs it); None
+    after saying on stderr why the settings cannot work."""
+    from cellplane_operator.kube import KubeClient, KubeConfig
+    from cellplane_operator.sites.dispatch import DriverByCell
+    from cellplane_operator.sites.kubernetes import (
+        KubernetesDriverConfig,
+        KubernetesSiteDriver,
+        cell_driver_names,
+    )
+
+    kube = KubeClient(KubeConfig.load(settings.kubeconfig),
+                      timeout_seconds=settings.kube_timeout_seconds)
+    drivers: dict[str, SiteDriver] = {"local": local}
+    if settings.cell_image:
+        if settings.cell_namespace != settings.namespace:
+            # The sites' Pods read the cell's Secrets by secretKeyRef, which cannot leave
+            # the namespace where the operators keep them.
+            print(f"cellplane operator: --cell-namespace ({settings.cell_namespace}) must be "
+                  f"the operator's --namespace ({settings.namespace}) for now",
+                  file=sys.stderr)
+            return None
+        config = KubernetesDriverConfig(
+            image=settings.cell_image, namespace=settings.cell_namespace,
+            image_pull_policy=settings.cell_image_pull_policy,
+            storage_class=settings.cell_storage_class or None,
+            resources=settings.cell_resources.model_dump(exclude_none=True))
+        drivers["kubernetes"] = KubernetesSiteDriver(kube, config, credentials=credentials,
+                                                     state_dir=settings.state_dir)
+    return DriverByCell(drivers, driver_name=cell_driver_names(kube, settings.cell_namespace))
 
 
 def _serve_metrics(command: str, host: str, port: int, registry: CollectorRegistry) -> bool:

@@ -69,7 +69,8 @@ CELL_DBNAME = "cellplane"
 MANAGER = "cellplane-operator"
 
 STATE_DIR = "/var/lib/cellplane/site"
-"""Mount of the site's PersistentVolume: ``pgdata/`` and the agent's record of role and epoch."""
+"""Mount of the site's PersistentVolume: the site agent keeps ``<cell>@<region>/`` there
+(``pgdata/``, its record of role and epoch, its passfiles), the local driver's layout."""
 SOCKET_DIR = "/var/run/postgresql"
 """Postgres's unix sockets and their lock files (an emptyDir: the root file system is read-only)."""
 CREDENTIALS_DIR = "/etc/cellplane/database"
@@ -307,7 +308,9 @@ def _database_container(site: KubernetesSite) -> Manifest:
         "imagePullPolicy": site.image_pull_policy,
         "command": agent_argv(site)[:1],
         "args": agent_argv(site)[1:],
-        "env": [{"name": "PGDATA", "value": f"{STATE_DIR}/pgdata"}],
+        # Where the agent keeps the data directory (the local driver's layout, in a
+        # directory of its own on the volume): for pg_controldata and psql in kubectl exec.
+        "env": [{"name": "PGDATA", "value": f"{STATE_DIR}/{site.cell}@{site.region}/pgdata"}],
         "ports": [{"name": "postgres", "containerPort": DATABASE_PORT, "protocol": "TCP"},
                   {"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"},
                   {"name": "reading", "containerPort": READING_PORT, "protocol": "TCP"}],

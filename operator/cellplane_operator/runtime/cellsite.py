@@ -289,6 +289,11 @@ class CellSiteRunner:
         if self._epoch is not None and self._granted_epoch == self._epoch:
             await self._keep_fence(self._epoch)
         health = await self._check()
+        if not health.database_up:
+            # Ensured again next step, by this step's word that etcd names this site: a
+            # driver's check restarts only a database it was told about (the kubernetes
+            # driver's agent restarted in its Pod waits to be told).
+            self._database = None
         epoch = self._epoch
         # Processes start only once the database holds this epoch's grant: a worker that
         # the database refuses as stale stops taking work for good.
