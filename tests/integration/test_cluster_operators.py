@@ -215,7 +215,7 @@ def test_local_reload_imports_the_images_and_rolls_the_operators_onto_them(
                              "--state", str(state)],
                             capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "imported into" in result.stdout and "3 operator Deployment(s) restarted" in result.stdout
+    assert "imported into" in result.stdout and "3 operator and 3 router Deployment(s) restarted" in result.stdout
     for region in REGIONS:
         pods = operator_pods(operators, region)
         assert len(pods) == 1 and pods[0]["metadata"]["uid"] != before[region]

@@ -36,6 +36,7 @@ from cellplane_operator.domain.site_objects import (
     object_ref,
     role_change,
     site_objects,
+    warm_api_objects,
 )
 from cellplane_operator.sites.credentials import ROLES, secret_name
 
@@ -122,6 +123,20 @@ def test_the_agent_service_reaches_a_held_pod_on_the_agent_and_reading_ports() -
                                                                        "reading": 5433}
     container = one(STANDBY, "StatefulSet", "database")["spec"]["template"]["spec"]["containers"][0]
     assert {p["name"] for p in container["ports"]} == {"postgres", "agent", "reading"}
+
+
+def test_a_warmed_api_becomes_the_active_one_without_a_new_revision() -> None:
+    warm = {m["kind"]: m for m in warm_api_objects(replace(STANDBY, epoch=5))}
+    active = {m["kind"]: m for m in by_kind(replace(STANDBY, role=ServingRole.ACTIVE,
+                                                    epoch=5), "Deployment")
+              + by_kind(replace(STANDBY, role=ServingRole.ACTIVE, epoch=5), "Service")
+              if m["metadata"]["name"] == STANDBY.names.api}
+    assert set(warm) == set(active) == {"Deployment", "Service"}
+    for kind, manifest in warm.items():
+        assert manifest["metadata"]["labels"]["cellplane.io/role"] == "standby"
+        assert manifest["spec"] == active[kind]["spec"]  # only metadata changes at promotion
+    # No workers ahead: nothing may take work from a standby's read-only database.
+    assert "worker" not in json.dumps([m["metadata"]["name"] for m in warm.values()])
 
 
 def test_the_claim_is_kept_unless_the_cell_says_delete() -> None:

@@ -37,7 +37,7 @@ from cellplane_operator.domain.site_names import ObjectRef, SiteNames, site_name
 
 __all__ = [
     "CELL_API_VERSION", "DATABASE_PORT", "AGENT_PORT", "READING_PORT", "API_PORT", "ADMIN_PORT",
-    "IMAGE_USER", "pod_host",
+    "IMAGE_USER", "pod_host", "warm_api_objects",
     "REGION_LABEL", "POSTGRES_BIN", "ServingRole", "Resources", "SiteSecrets", "KubernetesSite",
     "agent_argv", "database_host", "site_objects", "object_ref", "RoleChange", "role_change",
     "DEFAULT_DATABASE_RESOURCES", "DEFAULT_API_RESOURCES", "DEFAULT_WORKER_RESOURCES",
@@ -520,6 +520,20 @@ def site_objects(site: KubernetesSite) -> list[Manifest]:
     objects = [_stateful_set(site), *_database_services(site)]
     if site.role is ServingRole.ACTIVE:
         objects += [*_api(site), _workers(site)]
+    return objects
+
+
+def warm_api_objects(site: KubernetesSite) -> list[Manifest]:
+    """A standby's cell API started ahead (``SiteDriver.warm_up``): the active site's API
+    Deployment and Service under the epoch the standby would act under, labelled with the
+    standby's role. Its Pod template is the active one's, so ``start_serving`` under that
+    epoch relabels it and adds the workers without restarting the API."""
+    standby = replace(site, role=ServingRole.STANDBY)
+    active = replace(site, role=ServingRole.ACTIVE)
+    objects = []
+    for manifest in _api(active):
+        metadata = {**manifest["metadata"], "labels": _labels(standby, "api")}
+        objects.append({**manifest, "metadata": metadata})
     return objects
 
 

@@ -167,14 +167,20 @@ def _run_reload(args: argparse.Namespace) -> int:
             socket, images[1:], ctr=ctr, say=lambda line: print(line, flush=True)), sockets))
     kubectl = [str(Binaries.discover().kubectl), f"--kubeconfig={cluster.kubeconfig}",
                "--namespace", NAMESPACE]
-    selector = "app.kubernetes.io/component=operator"
-    deployments = subprocess.run([*kubectl, "get", "deployments", "-l", selector, "-o", "name"],
-                                 capture_output=True, text=True, check=True).stdout.split()
+    # The routers run the same image. The cells' own Pods do not restart here: a database
+    # restarts only when its operator deletes its Pod (OnDelete), at a moment it chooses.
+    restarted: dict[str, list[str]] = {}
+    for component in ("operator", "router"):
+        restarted[component] = subprocess.run(
+            [*kubectl, "get", "deployments", "-l", f"app.kubernetes.io/component={component}",
+             "-o", "name"], capture_output=True, text=True, check=True).stdout.split()
+    deployments = [d for found in restarted.values() for d in found]
     if deployments:
         subprocess.run([*kubectl, "rollout", "restart", *deployments], check=True)
         for deployment in deployments:
             subprocess.run([*kubectl, "rollout", "status", deployment, "--timeout=300s"],
                            check=True)
     print(f"reloaded in {time.monotonic() - began:.1f} s "
-          f"({len(deployments)} operator Deployment(s) restarted)", flush=True)
+          f"({len(restarted['operator'])} operator and {len(restarted['router'])} router "
+          "Deployment(s) restarted)", flush=True)
     return 0

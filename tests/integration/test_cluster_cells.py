@@ -1,0 +1,486 @@
+"""Cells as Kubernetes workloads on the local cluster (issue #17): a Cell with
+``spec.driver.name: kubernetes`` is a StatefulSet of one Postgres Pod per region (its site
+agent as PID 1), Services, and on the active region the cell API and workers as
+Deployments; tenants reach it through the chart's router Services.
+
+The operators and routers are the chart's (session fixture ``cluster_operators``). Jobs
+are sent from inside the cluster (``kubectl exec`` into an operator container of a region
+that stays up) to a router Service, and call a target Pod of the test's namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from clusterfixtures import (
+    api_key,
+    await_phase,
+    eventually,
+    http_in_operator,
+    in_operator,
+    operator_image,
+    operator_pods,
+    pod_ready,
+    status_of,
+)
+from cellplane_operator.domain.failover import SWITCHOVER_TO
+from cellplane_operator.localplane.cluster import LocalCluster
+from cellplane_operator.localplane.clusterchart import NAMESPACE, RELEASE
+from cellplane_operator.domain.reconciliation import ReconciliationReport
+
+pytestmark = pytest.mark.cluster
+
+CELL = "kube-a1"
+HOME, STANDBY, ELSEWHERE = "region-a", "region-b", "region-c"
+PRODUCT_LEASE = {"durationSeconds": 10, "renewIntervalSeconds": 2, "marginSeconds": 2}
+
+# The target: answers every step 200 and keeps the idempotency key of each call it got.
+TARGET_SERVER = """
+import json, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+calls, lock = [], threading.Lock()
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        with lock:
+            calls.append({'key': self.headers.get('Idempotency-Key'), 'body': json.loads(body)})
+        self._answer(b'{"ok": true}')
+    def do_GET(self):
+        with lock:
+            self._answer(json.dumps(calls).encode())
+    def _answer(self, data):
+        self.send_response(200)
+        self.send_header('Content-Type', 'application/json')
+        self.send_header('Content-Length', str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(('0.0.0.0', 8080), Handler).serve_forever()
+"""
+
+
+# The load: jobs submitted one after another through a router Service, each retried under
+# its own Idempotency-Key until acknowledged; what it saw is read over HTTP on 8080.
+LOAD_GENERATOR = """
+import json, os, threading, time, urllib.error, urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+url, key, prefix = os.environ['ROUTER'] + '/v1/jobs', os.environ['KEY'], os.environ['PREFIX']
+seen = {'acked': {}, 'ack_times': [], 'failed': [], 'running': True}
+lock = threading.Lock()
+def submit(idempotency):
+    body = json.dumps({'target': 'default', 'payload': {'key': idempotency}}).encode()
+    request = urllib.request.Request(url, data=body, method='POST', headers={
+        'Authorization': 'Bearer ' + key, 'Idempotency-Key': idempotency,
+        'Content-Type': 'application/json'})
+    try:
+        answer = urllib.request.urlopen(request, timeout=10)
+        return json.loads(answer.read())['job_id'] if answer.status in (200, 201, 202) else None
+    except (OSError, ValueError):
+        return None
+def run():
+    n = 0
+    while seen['running']:
+        n += 1
+        idempotency = f'{prefix}-{n}'
+        while seen['running']:
+            job = submit(idempotency)
+            with lock:
+                if job is not None:
+                    seen['acked'][idempotency] = job
+                    seen['ack_times'].append(time.time())
+                    break
+                seen['failed'].append(idempotency)
+            time.sleep(0.2)
+        time.sleep(0.1)
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == '/stop':
+            seen['running'] = False
+        with lock:
+            data = json.dumps(seen).encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def log_message(self, *args):
+        pass
+threading.Thread(target=run, daemon=True).start()
+ThreadingHTTPServer(('0.0.0.0', 8080), Handler).serve_forever()
+"""
+
+
+def router_url(region: str) -> str:
+    return f"http://{RELEASE}-router-{region}.{NAMESPACE}.svc.cluster.local:8080"
+
+
+def site_objects_of(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
+    found = cluster.get_json(kind, "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={CELL}")
+    return list(found["items"])
+
+
+def db_query(cluster: LocalCluster, region: str, sql: str) -> str:
+    """``sql`` on the site's Postgres, from inside its own Pod, as the superuser with its password."""
+    pod = f"cell-{CELL}-{region}-db-0"
+    result = cluster.kubectl(
+        "exec", "-n", NAMESPACE, pod, "-c", "database", "--", "sh", "-c",
+        'PGPASSWORD="$(cat /etc/cellplane/database/postgres)" '
+        "/usr/lib/postgresql/15/bin/psql -h 127.0.0.1 -U postgres -d cellplane "
+        f"-At -c {json.dumps(sql)}", check=False, timeout=60)
+    return result.stdout.strip() if result.returncode == 0 else f"failed: {result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def operators(local_cluster: LocalCluster, cluster_operators: dict[str, Any]) -> LocalCluster:
+    return local_cluster
+
+
+@pytest.fixture(scope="module")
+def namespace(operators: LocalCluster) -> Iterator[str]:
+    name = f"kube-cells-{uuid.uuid4().hex[:6]}"
+    operators.kubectl("create", "namespace", name)
+    yield name
+    operators.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def python_pod(cluster: LocalCluster, name: str, namespace: str, script: str, *,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Pod of the operator image running ``script`` on the region that is never lost here,
+    answering HTTP on 8080."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {"nodeSelector": {"topology.kubernetes.io/region": ELSEWHERE},
+                 "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": name, "image": operator_image(cluster),
+                                 "imagePullPolicy": "Never",
+                                 "command": ["python3", "-u", "-c", script],
+                                 "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+                                 "ports": [{"containerPort": 8080}],
+                                 "readinessProbe": {"tcpSocket": {"port": 8080},
+                                                    "periodSeconds": 1},
+                                 "securityContext": {"allowPrivilegeEscalation": False,
+                                                     "capabilities": {"drop": ["ALL"]}}}]}}
+
+
+@pytest.fixture(scope="module")
+def target(operators: LocalCluster, namespace: str) -> str:
+    """The jobs' target, a Pod on the region that is never lost here, behind a Service."""
+    operators.apply([
+        python_pod(operators, "target", namespace, TARGET_SERVER),
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "target", "namespace": namespace},
+         "spec": {"selector": {"app": "target"}, "ports": [{"port": 8080, "targetPort": 8080}]}}])
+    operators.kubectl("wait", "-n", namespace, "--for=condition=Ready", "--timeout=300s",
+                      "pod/target", timeout=330)
+    return f"http://target.{namespace}.svc.cluster.local:8080/run"
+
+
+class Load:
+    """The load generator Pod: jobs through region-c's router Service (see LOAD_GENERATOR)."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str, prefix: str, key: str) -> None:
+        self.cluster, self.namespace, self.name = cluster, namespace, f"load-{prefix}"
+        cluster.apply([python_pod(cluster, self.name, namespace, LOAD_GENERATOR, env={
+            "ROUTER": router_url(ELSEWHERE), "KEY": key, "PREFIX": prefix})])
+        cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "--timeout=300s",
+                        f"pod/{self.name}", timeout=330)
+        ip = cluster.get_json("pod", self.name, "-n", namespace)["status"]["podIP"]
+        self.url = f"http://{ip}:8080"
+
+    def read(self, path: str = "/") -> dict[str, Any]:
+        status, seen = http_in_operator(self.cluster, ELSEWHERE, "GET", self.url + path, {})
+        assert status == 200, seen
+        return dict(seen)
+
+    def await_acks(self, more: int, *, timeout: float = 180) -> None:
+        start = len(self.read()["acked"])
+        eventually(lambda: len(self.read()["acked"]) >= start + more, timeout=timeout,
+                   interval=1, what=f"{more} more acknowledged jobs")
+
+    def stop(self) -> dict[str, Any]:
+        seen = self.read("/stop")
+        self.cluster.kubectl("delete", "pod", "-n", self.namespace, self.name, "--wait=false",
+                             check=False)
+        return seen
+
+
+def longest_pause(ack_times: list[float], after: float) -> float:
+    """The longest time without an acknowledgement from ``after`` on."""
+    times = [after, *sorted(t for t in ack_times if t > after)]
+    return max(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else float("inf")
+
+
+def jobs_in(cluster: LocalCluster, region: str, tenant_id: str) -> set[str]:
+    rows = db_query(cluster, region, f"SELECT job_id FROM jobs WHERE tenant_id = '{tenant_id}'")
+    assert not rows.startswith("failed"), rows
+    return set(rows.split())
+
+
+def target_calls(cluster: LocalCluster, target: str) -> list[dict[str, Any]]:
+    status, calls = http_in_operator(cluster, ELSEWHERE, "GET", target, {})
+    assert status == 200, calls
+    return list(calls)
+
+
+@pytest.fixture(scope="module")
+def kube_cell(operators: LocalCluster) -> dict[str, Any]:
+    began = time.monotonic()
+    operators.apply([{
+        "apiVersion": "cellplane.io/v1alpha1", "kind": "Cell", "metadata": {"name": CELL},
+        "spec": {"region": HOME, "standbyRegions": [STANDBY], "tier": "shared",
+                 "capacity": {"tenants": 5, "workerSlots": 10}, "lease": PRODUCT_LEASE,
+                 "driver": {"name": "kubernetes", "allowPrivateTargets": True}}}])
+    status = await_phase(operators, "cell", CELL, "Ready", timeout=600)
+    print(f"\nCell {CELL} (kubernetes driver, one standby) apply -> Ready: "
+          f"{time.monotonic() - began:.1f} s")
+    return status
+
+
+def test_a_kubernetes_cell_runs_a_database_pod_per_region_and_serves_from_its_home(
+        operators: LocalCluster, kube_cell: dict[str, Any]) -> None:
+    assert kube_cell["activeRegion"] == HOME
+    sets = {s["metadata"]["labels"]["cellplane.io/region"]: s
+            for s in site_objects_of(operators, "statefulsets")}
+    assert set(sets) == {HOME, STANDBY}
+    deployments = {(d["metadata"]["labels"]["cellplane.io/region"],
+                    d["metadata"]["labels"]["app.kubernetes.io/component"])
+                   for d in site_objects_of(operators, "deployments")}
+    assert deployments == {(HOME, "api"), (HOME, "worker")}
+    pods = site_objects_of(operators, "pods")
+    for pod in pods:
+        region = pod["metadata"]["labels"]["cellplane.io/region"]
+        assert pod["spec"]["nodeName"] == operators.plan.node(region).name, pod["metadata"]
+        security = pod["spec"]["securityContext"]
+        assert security["runAsNonRoot"] and security["seccompProfile"]["type"] == "RuntimeDefault"
+        for container in pod["spec"]["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert container["resources"]["limits"]["memory"]
+    # Each database is on a claim of its own region's node.
+    for region, stateful in sets.items():
+        claim = operators.get_json("pvc", f"data-cell-{CELL}-{region}-db-0", "-n", NAMESPACE)
+        assert claim["status"]["phase"] == "Bound"
+        volume = operators.get_json("pv", claim["spec"]["volumeName"])
+        assert volume["metadata"]["labels"]["topology.kubernetes.io/region"] == region
+
+    # The standby streams from the primary across nodes.
+    def streaming() -> bool:
+        standbys = status_of(operators, "cell", CELL).get("standbys") or []
+        return any(s.get("region") == STANDBY and s.get("streaming") for s in standbys)
+
+    eventually(streaming, timeout=180, interval=1, what=f"the standby in {STANDBY} streaming")
+    assert db_query(operators, STANDBY, "SELECT pg_is_in_recovery()") == "t"
+    assert db_query(operators, HOME, "SELECT pg_is_in_recovery()") == "f"
+    # Passwords only over TCP: a connection without one is refused.
+    refused = operators.kubectl(
+        "exec", "-n", NAMESPACE, f"cell-{CELL}-{HOME}-db-0", "-c", "database", "--",
+        "/usr/lib/postgresql/15/bin/psql", "-w", "-h", "127.0.0.1", "-U", "postgres",
+        "-d", "cellplane", "-c", "SELECT 1", check=False, timeout=60)
+    assert refused.returncode != 0, refused.stdout
+
+
+@pytest.fixture(scope="module")
+def acme(operators: LocalCluster, kube_cell: dict[str, Any], namespace: str,
+         target: str) -> dict[str, Any]:
+    """The tenant, Ready in the cell; its status, with its API key under ``key``."""
+    operators.apply([{
+        "apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
+        "metadata": {"name": "acme", "namespace": namespace},
+        "spec": {"plan": "pro", "homeRegion": HOME, "cell": CELL,
+                 "targets": [{"name": "default", "url": target}]}}])
+    tenant = await_phase(operators, "tenant", "acme", "Ready", namespace=namespace)
+    return {**tenant, "key": api_key(operators, namespace, "acme-api-key")}
+
+
+def test_a_tenant_runs_jobs_through_the_router_service_and_its_quotas_reach_the_cell(
+        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: str) -> None:
+    tenant = acme
+    assert tenant["cell"] == CELL
+    assert tenant["apiEndpoint"] == (
+        f"http://cell-{CELL}-{HOME}-api.{NAMESPACE}.svc.cluster.local:8080")
+    key = tenant["key"]
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "k8s-first-job"}
+    status, answer = http_in_operator(operators, ELSEWHERE, "POST", f"{router_url(ELSEWHERE)}/v1/jobs",
+                                      headers, {"target": "default", "payload": {"n": 1},
+                                                "steps": 2})
+    assert status == 202, answer
+    job_id = answer["job_id"]
+
+    def succeeded() -> bool:
+        code, job = http_in_operator(operators, ELSEWHERE, "GET",
+                                     f"{router_url(ELSEWHERE)}/v1/jobs/{job_id}",
+                                     {"Authorization": f"Bearer {key}"})
+        return code == 200 and job["status"] == "succeeded"
+
+    eventually(succeeded, timeout=120, interval=1, what=f"job {job_id} to succeed")
+    steps = [c for c in target_calls(operators, target) if c["body"].get("job_id") == job_id]
+    assert sorted(c["body"]["step"] for c in steps) == [1, 2], steps  # steps count from 1
+
+    tenant_id = tenant["tenantId"]
+    operators.kubectl("patch", "tenant", "acme", "-n", namespace, "--type=merge", "-p",
+                      json.dumps({"spec": {"quotas": {"maxRunningJobs": 7, "burst": 30}}}))
+    eventually(lambda: db_query(operators, HOME,
+                                f"SELECT max_running, burst FROM tenants "
+                                f"WHERE tenant_id = '{tenant_id}'") == "7|30",
+               timeout=120, interval=1, what="the new quotas in the cell's database")
+
+
+def test_the_operator_answers_to_nothing_but_its_token_at_the_agent(
+        operators: LocalCluster, kube_cell: dict[str, Any]) -> None:
+    agent = f"http://cell-{CELL}-{HOME}-agent.{NAMESPACE}.svc.cluster.local:9443"
+    status, _ = http_in_operator(operators, ELSEWHERE, "GET", f"{agent}/healthz", {})
+    assert status == 200
+    status, answer = http_in_operator(operators, ELSEWHERE, "GET", f"{agent}/v1/database", {})
+    assert status == 401, answer
+    status, answer = http_in_operator(operators, ELSEWHERE, "POST", f"{agent}/v1/database/fence",
+                                      {"Authorization": "Bearer not-the-token"}, {})
+    assert status == 401, answer
+    assert in_operator(operators, HOME, "print('alive')").strip() == "alive"
+
+
+def cell_serves_from(cluster: LocalCluster, region: str, after_epoch: int) -> Any:
+    def check() -> bool:
+        status = status_of(cluster, "cell", CELL)
+        return (status.get("activeRegion") == region and (status.get("epoch") or 0) > after_epoch
+                and bool((status.get("endpoints") or {}).get("api")))
+    return check
+
+
+def standby_streams(cluster: LocalCluster, region: str, *, timeout: float,
+                    reconciled_epoch: int | None = None) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def streaming() -> bool:
+        seen.clear()
+        seen.update(status_of(cluster, "cell", CELL))
+        reconciled = (reconciled_epoch is None or
+                      (seen.get("lastReconciliation") or {}).get("epoch") == reconciled_epoch)
+        return reconciled and any(s.get("region") == region and s.get("streaming")
+                                  for s in seen.get("standbys") or [])
+    eventually(streaming, timeout=timeout, interval=1,
+               what=f"the site in {region} rebuilt and streaming as a standby")
+    return dict(seen)
+
+
+def report(cluster: LocalCluster, epoch: int) -> ReconciliationReport:
+    printed = subprocess.run(
+        [sys.executable, "-m", "cellplane_operator", "report", CELL, "--epoch", str(epoch),
+         "--json", "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True, text=True, check=True, timeout=120)
+    return ReconciliationReport.from_json(printed.stdout)
+
+
+def assert_one_key_per_step(cluster: LocalCluster, target: str, tenant_id: str) -> None:
+    """Doubled work would show as one step called under two idempotency keys."""
+    keys: dict[tuple[str, int], set[str]] = {}
+    for call in target_calls(cluster, target):
+        body = call["body"]
+        if body.get("tenant") == tenant_id:
+            keys.setdefault((body["job_id"], body["step"]), set()).add(call["key"])
+    assert keys and all(len(seen) == 1 for seen in keys.values())
+
+
+def test_a_planned_switchover_loses_nothing_and_pauses_writes_briefly(
+        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: str) -> None:
+    before = standby_streams(operators, STANDBY, timeout=180)
+    load = Load(operators, namespace, "sw", acme["key"])
+    try:
+        load.await_acks(20)
+        asked = time.time()
+        operators.kubectl("annotate", "cell", CELL, f"{SWITCHOVER_TO}={STANDBY}")
+        eventually(cell_serves_from(operators, STANDBY, before["epoch"]), timeout=180, interval=0.5,
+                   what=f"{STANDBY} to serve {CELL}")
+        load.await_acks(20)
+    finally:
+        seen = load.stop()
+    pause = longest_pause(seen["ack_times"], asked)
+    status = standby_streams(operators, HOME, timeout=300)
+    print(f"\nswitchover {HOME} -> {STANDBY}: longest write pause {pause:.2f} s; "
+          f"{len(seen['acked'])} jobs acknowledged; took over in "
+          f"{(status.get('lastTakeover') or {}).get('seconds')} s")
+    assert status["activeRegion"] == STANDBY and status["lastTakeover"]["planned"] is True
+    surviving = jobs_in(operators, STANDBY, acme["tenantId"])
+    assert set(seen["acked"].values()) <= surviving  # nothing acknowledged was lost
+    assert report(operators, status["epoch"]).nothing_lost
+    assert db_query(operators, HOME, "SELECT pg_is_in_recovery()") == "t"
+    assert_one_key_per_step(operators, target, acme["tenantId"])
+
+
+def test_losing_the_active_regions_node_promotes_the_standby_pod_and_fences_the_old(
+        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: str) -> None:
+    """The node of the active region (now region-b) killed whole; region-a's standby Pod is
+    promoted; when the node returns its Postgres Pod is held, fenced, reported on and
+    rebuilt as a standby. Acknowledged jobs lost are exactly the report's."""
+    lost, survivor = STANDBY, HOME
+    before = standby_streams(operators, survivor, timeout=300)
+    assert before["activeRegion"] == lost
+    load = Load(operators, namespace, "loss", acme["key"])
+    try:
+        load.await_acks(20)
+        killed = time.time()
+        operators.kill_node(lost)
+        eventually(cell_serves_from(operators, survivor, before["epoch"]), timeout=180, interval=0.5,
+                   what=f"{survivor} to take over {CELL}")
+        load.await_acks(10)
+        print("\n" + operators.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout)
+    finally:
+        seen = load.stop()
+    first = min(t for t in seen["ack_times"] if t > killed)
+    status = status_of(operators, "cell", CELL)
+    print(f"region {lost} node killed: first job accepted through the router of {ELSEWHERE} "
+          f"{first - killed:.2f} s later (takeover {status['lastTakeover']['seconds']} s)")
+    assert status["lastTakeover"]["fromRegion"] == lost
+    assert status["lastTakeover"]["planned"] is False
+
+    operators.start_node(lost)
+    status = standby_streams(operators, lost, timeout=420, reconciled_epoch=status["epoch"])
+    assert status["activeRegion"] == survivor
+    assert db_query(operators, lost, "SELECT pg_is_in_recovery()") == "t"
+    reported = {job.job_id for job in report(operators, status["epoch"]).jobs}
+    acknowledged = set(seen["acked"].values())
+    missing = acknowledged - jobs_in(operators, survivor, acme["tenantId"])
+    assert missing == reported & acknowledged, (missing, reported)
+    assert status["lastReconciliation"]["jobs"] == len(reported)
+    assert_one_key_per_step(operators, target, acme["tenantId"])
+
+
+def test_a_deleted_operator_pod_adopts_its_site_under_the_same_epoch(
+        operators: LocalCluster, acme: dict[str, Any], namespace: str) -> None:
+    status = status_of(operators, "cell", CELL)
+    active = status["activeRegion"]
+
+    def api_pods() -> set[str]:
+        return {p["metadata"]["uid"] for p in site_objects_of(operators, "pods")
+                if p["metadata"]["labels"]["app.kubernetes.io/component"] == "api"
+                and p["metadata"]["labels"]["cellplane.io/region"] == active}
+
+    serving_before = api_pods()
+    load = Load(operators, namespace, "adopt", acme["key"])
+    try:
+        load.await_acks(10)
+        (pod,) = operator_pods(operators, active)
+        deleted = time.time()
+        operators.kubectl("delete", "pod", "-n", NAMESPACE, pod["metadata"]["name"],
+                          "--grace-period=0", "--force", timeout=120)
+        eventually(lambda: any(p["metadata"]["uid"] != pod["metadata"]["uid"] and pod_ready(p)
+                               for p in operator_pods(operators, active)),
+                   timeout=300, interval=1, what="the new operator pod Ready")
+        load.await_acks(20)
+    finally:
+        seen = load.stop()
+    pause = longest_pause(seen["ack_times"], deleted)
+    print(f"\noperator pod of {active} deleted: longest write pause {pause:.2f} s")
+    after = status_of(operators, "cell", CELL)
+    assert (after["activeRegion"], after["epoch"]) == (active, status["epoch"])
+    # The site was adopted, not restarted: the same API Pods serve.
+    assert api_pods() == serving_before
+    assert pause < PRODUCT_LEASE["durationSeconds"] + PRODUCT_LEASE["marginSeconds"]
