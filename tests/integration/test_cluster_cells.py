@@ -34,6 +34,14 @@ from clusterfixtures import (
 from cellplane_operator.domain.failover import SWITCHOVER_TO
 from cellplane_operator.localplane.cluster import LocalCluster
 from cellplane_operator.localplane.clusterchart import NAMESPACE, RELEASE
+from cellplane_operator.localplane.clusterload import (
+    POD_PORT,
+    TARGET_SERVER,
+    ClusterLoad,
+    PodServer,
+    longest_pause,
+    python_pod,
+)
 from cellplane_operator.domain.reconciliation import ReconciliationReport
 
 pytestmark = pytest.mark.cluster
@@ -41,82 +49,6 @@ pytestmark = pytest.mark.cluster
 CELL = "kube-a1"
 HOME, STANDBY, ELSEWHERE = "region-a", "region-b", "region-c"
 PRODUCT_LEASE = {"durationSeconds": 10, "renewIntervalSeconds": 2, "marginSeconds": 2}
-
-# The target: answers every step 200 and keeps the idempotency key of each call it got.
-TARGET_SERVER = """
-import json, threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-calls, lock = [], threading.Lock()
-class Handler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
-        with lock:
-            calls.append({'key': self.headers.get('Idempotency-Key'), 'body': json.loads(body)})
-        self._answer(b'{"ok": true}')
-    def do_GET(self):
-        with lock:
-            self._answer(json.dumps(calls).encode())
-    def _answer(self, data):
-        self.send_response(200)
-        self.send_header('Content-Type', 'application/json')
-        self.send_header('Content-Length', str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-    def log_message(self, *args):
-        pass
-ThreadingHTTPServer(('0.0.0.0', 8080), Handler).serve_forever()
-"""
-
-
-# The load: jobs submitted one after another through a router Service, each retried under
-# its own Idempotency-Key until acknowledged; what it saw is read over HTTP on 8080.
-LOAD_GENERATOR = """
-import json, os, threading, time, urllib.error, urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-url, key, prefix = os.environ['ROUTER'] + '/v1/jobs', os.environ['KEY'], os.environ['PREFIX']
-seen = {'acked': {}, 'ack_times': [], 'failed': [], 'running': True}
-lock = threading.Lock()
-def submit(idempotency):
-    body = json.dumps({'target': 'default', 'payload': {'key': idempotency}}).encode()
-    request = urllib.request.Request(url, data=body, method='POST', headers={
-        'Authorization': 'Bearer ' + key, 'Idempotency-Key': idempotency,
-        'Content-Type': 'application/json'})
-    try:
-        answer = urllib.request.urlopen(request, timeout=10)
-        return json.loads(answer.read())['job_id'] if answer.status in (200, 201, 202) else None
-    except (OSError, ValueError):
-        return None
-def run():
-    n = 0
-    while seen['running']:
-        n += 1
-        idempotency = f'{prefix}-{n}'
-        while seen['running']:
-            job = submit(idempotency)
-            with lock:
-                if job is not None:
-                    seen['acked'][idempotency] = job
-                    seen['ack_times'].append(time.time())
-                    break
-                seen['failed'].append(idempotency)
-            time.sleep(0.2)
-        time.sleep(0.1)
-class Handler(BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == '/stop':
-            seen['running'] = False
-        with lock:
-            data = json.dumps(seen).encode()
-        self.send_response(200)
-        self.send_header('Content-Length', str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-    def log_message(self, *args):
-        pass
-threading.Thread(target=run, daemon=True).start()
-ThreadingHTTPServer(('0.0.0.0', 8080), Handler).serve_forever()
-"""
-
 
 def router_url(region: str) -> str:
     return f"http://{RELEASE}-router-{region}.{NAMESPACE}.svc.cluster.local:8080"
@@ -151,84 +83,36 @@ def namespace(operators: LocalCluster) -> Iterator[str]:
     operators.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def python_pod(cluster: LocalCluster, name: str, namespace: str, script: str, *,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
-    """A Pod of the operator image running ``script`` on the region that is never lost here,
-    answering HTTP on 8080."""
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
-        "spec": {"nodeSelector": {"topology.kubernetes.io/region": ELSEWHERE},
-                 "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": name, "image": operator_image(cluster),
-                                 "imagePullPolicy": "Never",
-                                 "command": ["python3", "-u", "-c", script],
-                                 "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
-                                 "ports": [{"containerPort": 8080}],
-                                 "readinessProbe": {"tcpSocket": {"port": 8080},
-                                                    "periodSeconds": 1},
-                                 "securityContext": {"allowPrivilegeEscalation": False,
-                                                     "capabilities": {"drop": ["ALL"]}}}]}}
-
-
 @pytest.fixture(scope="module")
-def target(operators: LocalCluster, namespace: str) -> str:
+def target(operators: LocalCluster, namespace: str) -> Iterator[PodServer]:
     """The jobs' target, a Pod on the region that is never lost here, behind a Service."""
-    operators.apply([
-        python_pod(operators, "target", namespace, TARGET_SERVER),
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": "target", "namespace": namespace},
-         "spec": {"selector": {"app": "target"}, "ports": [{"port": 8080, "targetPort": 8080}]}}])
-    operators.kubectl("wait", "-n", namespace, "--for=condition=Ready", "--timeout=300s",
-                      "pod/target", timeout=330)
-    return f"http://target.{namespace}.svc.cluster.local:8080/run"
+    operators.apply([{"apiVersion": "v1", "kind": "Service",
+                      "metadata": {"name": "target", "namespace": namespace},
+                      "spec": {"selector": {"app": "target"},
+                               "ports": [{"port": POD_PORT, "targetPort": POD_PORT}]}}])
+    yield PodServer(operators, python_pod(operator_image(operators), "target", namespace,
+                                          ELSEWHERE, TARGET_SERVER))
 
 
-class Load:
-    """The load generator Pod: jobs through region-c's router Service (see LOAD_GENERATOR)."""
-
-    def __init__(self, cluster: LocalCluster, namespace: str, prefix: str, key: str) -> None:
-        self.cluster, self.namespace, self.name = cluster, namespace, f"load-{prefix}"
-        cluster.apply([python_pod(cluster, self.name, namespace, LOAD_GENERATOR, env={
-            "ROUTER": router_url(ELSEWHERE), "KEY": key, "PREFIX": prefix})])
-        cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "--timeout=300s",
-                        f"pod/{self.name}", timeout=330)
-        ip = cluster.get_json("pod", self.name, "-n", namespace)["status"]["podIP"]
-        self.url = f"http://{ip}:8080"
-
-    def read(self, path: str = "/") -> dict[str, Any]:
-        status, seen = http_in_operator(self.cluster, ELSEWHERE, "GET", self.url + path, {})
-        assert status == 200, seen
-        return dict(seen)
-
-    def await_acks(self, more: int, *, timeout: float = 180) -> None:
-        start = len(self.read()["acked"])
-        eventually(lambda: len(self.read()["acked"]) >= start + more, timeout=timeout,
-                   interval=1, what=f"{more} more acknowledged jobs")
-
-    def stop(self) -> dict[str, Any]:
-        seen = self.read("/stop")
-        self.cluster.kubectl("delete", "pod", "-n", self.namespace, self.name, "--wait=false",
-                             check=False)
-        return seen
+def target_url(target: PodServer) -> str:
+    return f"http://target.{target.namespace}.svc.cluster.local:{POD_PORT}/run"
 
 
-def longest_pause(ack_times: list[float], after: float) -> float:
-    """The longest time without an acknowledgement from ``after`` on."""
-    times = [after, *sorted(t for t in ack_times if t > after)]
-    return max(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else float("inf")
+def start_load(cluster: LocalCluster, namespace: str, prefix: str, key: str) -> ClusterLoad:
+    return ClusterLoad(cluster, image=operator_image(cluster), namespace=namespace,
+                       region=ELSEWHERE, router=router_url(ELSEWHERE), key=key, prefix=prefix)
+
+
+def await_acks(load: ClusterLoad, more: int, *, timeout: float = 180) -> None:
+    start = load.acked()
+    eventually(lambda: load.acked() >= start + more, timeout=timeout, interval=1,
+               what=f"{more} more acknowledged jobs")
 
 
 def jobs_in(cluster: LocalCluster, region: str, tenant_id: str) -> set[str]:
     rows = db_query(cluster, region, f"SELECT job_id FROM jobs WHERE tenant_id = '{tenant_id}'")
     assert not rows.startswith("failed"), rows
     return set(rows.split())
-
-
-def target_calls(cluster: LocalCluster, target: str) -> list[dict[str, Any]]:
-    status, calls = http_in_operator(cluster, ELSEWHERE, "GET", target, {})
-    assert status == 200, calls
-    return list(calls)
 
 
 @pytest.fixture(scope="module")
@@ -252,9 +136,12 @@ def test_a_kubernetes_cell_runs_a_database_pod_per_region_and_serves_from_its_ho
             for s in site_objects_of(operators, "statefulsets")}
     assert set(sets) == {HOME, STANDBY}
     deployments = {(d["metadata"]["labels"]["cellplane.io/region"],
-                    d["metadata"]["labels"]["app.kubernetes.io/component"])
+                    d["metadata"]["labels"]["app.kubernetes.io/component"],
+                    d["metadata"]["labels"]["cellplane.io/role"])
                    for d in site_objects_of(operators, "deployments")}
-    assert deployments == {(HOME, "api"), (HOME, "worker")}
+    # Workers only where the cell is active; the standby's API is warmed up for a takeover.
+    assert deployments == {(HOME, "api", "active"), (HOME, "worker", "active"),
+                           (STANDBY, "api", "standby")}
     pods = site_objects_of(operators, "pods")
     for pod in pods:
         region = pod["metadata"]["labels"]["cellplane.io/region"]
@@ -290,19 +177,19 @@ def test_a_kubernetes_cell_runs_a_database_pod_per_region_and_serves_from_its_ho
 
 @pytest.fixture(scope="module")
 def acme(operators: LocalCluster, kube_cell: dict[str, Any], namespace: str,
-         target: str) -> dict[str, Any]:
+         target: PodServer) -> dict[str, Any]:
     """The tenant, Ready in the cell; its status, with its API key under ``key``."""
     operators.apply([{
         "apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
         "metadata": {"name": "acme", "namespace": namespace},
         "spec": {"plan": "pro", "homeRegion": HOME, "cell": CELL,
-                 "targets": [{"name": "default", "url": target}]}}])
+                 "targets": [{"name": "default", "url": target_url(target)}]}}])
     tenant = await_phase(operators, "tenant", "acme", "Ready", namespace=namespace)
     return {**tenant, "key": api_key(operators, namespace, "acme-api-key")}
 
 
 def test_a_tenant_runs_jobs_through_the_router_service_and_its_quotas_reach_the_cell(
-        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: str) -> None:
+        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: PodServer) -> None:
     tenant = acme
     assert tenant["cell"] == CELL
     assert tenant["apiEndpoint"] == (
@@ -322,7 +209,7 @@ def test_a_tenant_runs_jobs_through_the_router_service_and_its_quotas_reach_the_
         return code == 200 and job["status"] == "succeeded"
 
     eventually(succeeded, timeout=120, interval=1, what=f"job {job_id} to succeed")
-    steps = [c for c in target_calls(operators, target) if c["body"].get("job_id") == job_id]
+    steps = [c for c in target.get() if c["body"].get("job_id") == job_id]
     assert sorted(c["body"]["step"] for c in steps) == [1, 2], steps  # steps count from 1
 
     tenant_id = tenant["tenantId"]
@@ -379,10 +266,10 @@ def report(cluster: LocalCluster, epoch: int) -> ReconciliationReport:
     return ReconciliationReport.from_json(printed.stdout)
 
 
-def assert_one_key_per_step(cluster: LocalCluster, target: str, tenant_id: str) -> None:
+def assert_one_key_per_step(target: PodServer, tenant_id: str) -> None:
     """Doubled work would show as one step called under two idempotency keys."""
     keys: dict[tuple[str, int], set[str]] = {}
-    for call in target_calls(cluster, target):
+    for call in target.get():
         body = call["body"]
         if body.get("tenant") == tenant_id:
             keys.setdefault((body["job_id"], body["step"]), set()).add(call["key"])
@@ -390,16 +277,16 @@ def assert_one_key_per_step(cluster: LocalCluster, target: str, tenant_id: str) 
 
 
 def test_a_planned_switchover_loses_nothing_and_pauses_writes_briefly(
-        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: str) -> None:
+        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: PodServer) -> None:
     before = standby_streams(operators, STANDBY, timeout=180)
-    load = Load(operators, namespace, "sw", acme["key"])
+    load = start_load(operators, namespace, "sw", acme["key"])
     try:
-        load.await_acks(20)
+        await_acks(load, 20)
         asked = time.time()
         operators.kubectl("annotate", "cell", CELL, f"{SWITCHOVER_TO}={STANDBY}")
         eventually(cell_serves_from(operators, STANDBY, before["epoch"]), timeout=180, interval=0.5,
                    what=f"{STANDBY} to serve {CELL}")
-        load.await_acks(20)
+        await_acks(load, 20)
     finally:
         seen = load.stop()
     pause = longest_pause(seen["ack_times"], asked)
@@ -412,25 +299,25 @@ def test_a_planned_switchover_loses_nothing_and_pauses_writes_briefly(
     assert set(seen["acked"].values()) <= surviving  # nothing acknowledged was lost
     assert report(operators, status["epoch"]).nothing_lost
     assert db_query(operators, HOME, "SELECT pg_is_in_recovery()") == "t"
-    assert_one_key_per_step(operators, target, acme["tenantId"])
+    assert_one_key_per_step(target, acme["tenantId"])
 
 
 def test_losing_the_active_regions_node_promotes_the_standby_pod_and_fences_the_old(
-        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: str) -> None:
+        operators: LocalCluster, acme: dict[str, Any], namespace: str, target: PodServer) -> None:
     """The node of the active region (now region-b) killed whole; region-a's standby Pod is
     promoted; when the node returns its Postgres Pod is held, fenced, reported on and
     rebuilt as a standby. Acknowledged jobs lost are exactly the report's."""
     lost, survivor = STANDBY, HOME
     before = standby_streams(operators, survivor, timeout=300)
     assert before["activeRegion"] == lost
-    load = Load(operators, namespace, "loss", acme["key"])
+    load = start_load(operators, namespace, "loss", acme["key"])
     try:
-        load.await_acks(20)
+        await_acks(load, 20)
         killed = time.time()
         operators.kill_node(lost)
         eventually(cell_serves_from(operators, survivor, before["epoch"]), timeout=180, interval=0.5,
                    what=f"{survivor} to take over {CELL}")
-        load.await_acks(10)
+        await_acks(load, 10)
         print("\n" + operators.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout)
     finally:
         seen = load.stop()
@@ -450,7 +337,7 @@ def test_losing_the_active_regions_node_promotes_the_standby_pod_and_fences_the_
     missing = acknowledged - jobs_in(operators, survivor, acme["tenantId"])
     assert missing == reported & acknowledged, (missing, reported)
     assert status["lastReconciliation"]["jobs"] == len(reported)
-    assert_one_key_per_step(operators, target, acme["tenantId"])
+    assert_one_key_per_step(target, acme["tenantId"])
 
 
 def test_a_deleted_operator_pod_adopts_its_site_under_the_same_epoch(
@@ -464,9 +351,9 @@ def test_a_deleted_operator_pod_adopts_its_site_under_the_same_epoch(
                 and p["metadata"]["labels"]["cellplane.io/region"] == active}
 
     serving_before = api_pods()
-    load = Load(operators, namespace, "adopt", acme["key"])
+    load = start_load(operators, namespace, "adopt", acme["key"])
     try:
-        load.await_acks(10)
+        await_acks(load, 10)
         (pod,) = operator_pods(operators, active)
         deleted = time.time()
         operators.kubectl("delete", "pod", "-n", NAMESPACE, pod["metadata"]["name"],
@@ -474,7 +361,7 @@ def test_a_deleted_operator_pod_adopts_its_site_under_the_same_epoch(
         eventually(lambda: any(p["metadata"]["uid"] != pod["metadata"]["uid"] and pod_ready(p)
                                for p in operator_pods(operators, active)),
                    timeout=300, interval=1, what="the new operator pod Ready")
-        load.await_acks(20)
+        await_acks(load, 20)
     finally:
         seen = load.stop()
     pause = longest_pause(seen["ack_times"], deleted)
