@@ -73,7 +73,8 @@ SERVE_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
 """How long ``stop_serving`` waits for the Pods of the API and workers to be gone. A Pod on
 a lost node never goes: the database's epoch fence refuses what it would still write."""
-POLL_SECONDS = 1.0
+POLL_SECONDS = 0.25
+"""A takeover waits on these polls (two Deployments read from the apiserver each)."""
 
 _DEFAULT_RESOURCES = {"database": DEFAULT_DATABASE_RESOURCES, "api": DEFAULT_API_RESOURCES,
                       "worker": DEFAULT_WORKER_RESOURCES}
