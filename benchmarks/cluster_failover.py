@@ -27,7 +27,6 @@ import argparse
 import base64
 import glob
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +35,6 @@ from typing import Any
 
 from regions import on_sigterm_exit, percentile, progress
 
-from cellplane_operator.domain.reconciliation import ReconciliationReport
 from cellplane_operator.localplane.cluster import ClusterConfig, LocalCluster
 from cellplane_operator.localplane.clusterchart import NAMESPACE, RELEASE, install_operators
 from cellplane_operator.localplane.clusterload import (
@@ -45,6 +43,8 @@ from cellplane_operator.localplane.clusterload import (
     ClusterLoad,
     PodServer,
     python_pod,
+    reconciliation_report,
+    site_sql,
 )
 from cellplane_operator.localplane.images import build_images
 
@@ -84,14 +84,6 @@ def until(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def site_sql(cluster: LocalCluster, region: str, sql: str) -> str:
-    result = cluster.kubectl(
-        "exec", "-n", NAMESPACE, f"cell-{CELL}-{region}-db-0", "-c", "database", "--", "sh",
-        "-c", 'PGPASSWORD="$(cat /etc/cellplane/database/postgres)" /usr/lib/postgresql/15/bin/'
-        f"psql -h 127.0.0.1 -U postgres -d cellplane -At -c {json.dumps(sql)}", timeout=60)
-    return str(result.stdout).strip()
-
-
 def pod_memory(uid: str) -> int | None:
     """The pod's resident memory (``total_rss`` of its memory cgroup, cgroup v1)."""
     for path in glob.glob(f"/sys/fs/cgroup/memory/**/pod{uid}/memory.stat", recursive=True):
@@ -106,14 +98,6 @@ def cell_pods_memory(cluster: LocalCluster) -> list[tuple[str, int | None]]:
     pods = cluster.get_json("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={CELL}")
     return sorted((p["metadata"]["name"], pod_memory(p["metadata"]["uid"]))
                   for p in pods["items"])
-
-
-def report(cluster: LocalCluster, epoch: int) -> ReconciliationReport:
-    printed = subprocess.run(
-        [sys.executable, "-m", "cellplane_operator", "report", CELL, "--epoch", str(epoch),
-         "--json", "--kubeconfig", str(cluster.kubeconfig)],
-        capture_output=True, text=True, check=True, timeout=120)
-    return ReconciliationReport.from_json(printed.stdout)
 
 
 def image_of(cluster: LocalCluster) -> str:
@@ -141,7 +125,8 @@ def set_up(cluster: LocalCluster) -> tuple[float, str, ClusterLoad]:
     cluster.apply([{
         "apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
         "metadata": {"name": "acme", "namespace": "bench"},
-        "spec": {"plan": "pro", "homeRegion": REGIONS[0], "cell": CELL, "targets": [
+        "spec": {"plan": "enterprise", "homeRegion": REGIONS[0], "cell": CELL,
+                 "quotas": {"jobsPerSecond": 50, "burst": 100}, "targets": [
             {"name": "default", "url": f"http://target.bench.svc.cluster.local:{POD_PORT}/run"}]}}])
     until(lambda: status(cluster, "tenant", "acme", "bench").get("phase") == "Ready", 300,
           "the Tenant Ready")
@@ -184,10 +169,14 @@ def one_run(cluster: LocalCluster, load: ClusterLoad, number: int, tenant_id: st
     rebuilt_in = time.monotonic() - restarted
     seen = load.get()
     acknowledged = set(seen["acked"].values())
-    surviving = set(site_sql(cluster, survivor,
-                             f"SELECT job_id FROM jobs WHERE tenant_id = '{tenant_id}'").split())
+    rows = site_sql(cluster, NAMESPACE, CELL, survivor,
+                    f"SELECT job_id FROM jobs WHERE tenant_id = '{tenant_id}'")
+    if rows.startswith("failed"):
+        raise RuntimeError(rows)
+    surviving = set(rows.split())
     missing = acknowledged - surviving - lost_so_far
-    reported = {job.job_id for job in report(cluster, int(after["epoch"])).jobs}
+    reported = {job.job_id for job in
+                reconciliation_report(cluster.kubeconfig, CELL, int(after["epoch"])).jobs}
     lost_so_far |= missing
     return Run(number, killed, rto, (after.get("lastTakeover") or {}).get("seconds"),
                len(missing), len(missing & reported), len(reported), rebuilt_in)

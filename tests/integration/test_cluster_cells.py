@@ -41,6 +41,8 @@ from cellplane_operator.localplane.clusterload import (
     PodServer,
     longest_pause,
     python_pod,
+    reconciliation_report,
+    site_sql,
 )
 from cellplane_operator.domain.reconciliation import ReconciliationReport
 
@@ -60,14 +62,7 @@ def site_objects_of(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
 
 
 def db_query(cluster: LocalCluster, region: str, sql: str) -> str:
-    """``sql`` on the site's Postgres, from inside its own Pod, as the superuser with its password."""
-    pod = f"cell-{CELL}-{region}-db-0"
-    result = cluster.kubectl(
-        "exec", "-n", NAMESPACE, pod, "-c", "database", "--", "sh", "-c",
-        'PGPASSWORD="$(cat /etc/cellplane/database/postgres)" '
-        "/usr/lib/postgresql/15/bin/psql -h 127.0.0.1 -U postgres -d cellplane "
-        f"-At -c {json.dumps(sql)}", check=False, timeout=60)
-    return result.stdout.strip() if result.returncode == 0 else f"failed: {result.stderr}"
+    return site_sql(cluster, NAMESPACE, CELL, region, sql)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +177,9 @@ def acme(operators: LocalCluster, kube_cell: dict[str, Any], namespace: str,
     operators.apply([{
         "apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
         "metadata": {"name": "acme", "namespace": namespace},
-        "spec": {"plan": "pro", "homeRegion": HOME, "cell": CELL,
+        "spec": {"plan": "enterprise", "homeRegion": HOME, "cell": CELL,
+                 # Above the load's rate: a pause measured is the cell's, not the quota's.
+                 "quotas": {"jobsPerSecond": 50, "burst": 100},
                  "targets": [{"name": "default", "url": target_url(target)}]}}])
     tenant = await_phase(operators, "tenant", "acme", "Ready", namespace=namespace)
     return {**tenant, "key": api_key(operators, namespace, "acme-api-key")}
@@ -214,10 +211,10 @@ def test_a_tenant_runs_jobs_through_the_router_service_and_its_quotas_reach_the_
 
     tenant_id = tenant["tenantId"]
     operators.kubectl("patch", "tenant", "acme", "-n", namespace, "--type=merge", "-p",
-                      json.dumps({"spec": {"quotas": {"maxRunningJobs": 7, "burst": 30}}}))
+                      json.dumps({"spec": {"quotas": {"maxRunningJobs": 7, "burst": 120}}}))
     eventually(lambda: db_query(operators, HOME,
                                 f"SELECT max_running, burst FROM tenants "
-                                f"WHERE tenant_id = '{tenant_id}'") == "7|30",
+                                f"WHERE tenant_id = '{tenant_id}'") == "7|120",
                timeout=120, interval=1, what="the new quotas in the cell's database")
 
 
@@ -259,11 +256,7 @@ def standby_streams(cluster: LocalCluster, region: str, *, timeout: float,
 
 
 def report(cluster: LocalCluster, epoch: int) -> ReconciliationReport:
-    printed = subprocess.run(
-        [sys.executable, "-m", "cellplane_operator", "report", CELL, "--epoch", str(epoch),
-         "--json", "--kubeconfig", str(cluster.kubeconfig)],
-        capture_output=True, text=True, check=True, timeout=120)
-    return ReconciliationReport.from_json(printed.stdout)
+    return reconciliation_report(cluster.kubeconfig, CELL, epoch)
 
 
 def assert_one_key_per_step(target: PodServer, tenant_id: str) -> None:
@@ -466,3 +459,40 @@ def test_deleting_a_cell_removes_its_workloads_and_its_claims_by_policy(
     operators.kubectl("delete", "cell", name, "--wait=true", "--timeout=120s", timeout=150)
     eventually(lambda: not objects(), timeout=180, interval=1,
                what=f"every object of {name} gone")
+
+
+def test_a_tenant_moves_between_two_kubernetes_cells_under_load_within_its_pause(
+        operators: LocalCluster, acme: dict[str, Any], namespace: str) -> None:
+    """Last: the tenant leaves the module's cell."""
+    destination = "kube-b1"
+    operators.apply([{
+        "apiVersion": "cellplane.io/v1alpha1", "kind": "Cell", "metadata": {"name": destination},
+        "spec": {"region": STANDBY, "tier": "shared",
+                 "capacity": {"tenants": 5, "workerSlots": 10}, "lease": PRODUCT_LEASE,
+                 "driver": {"name": "kubernetes", "allowPrivateTargets": True}}}])
+    await_phase(operators, "cell", destination, "Ready", timeout=600)
+    budget = 5.0
+    load = start_load(operators, namespace, "move", acme["key"])
+    try:
+        await_acks(load, 20)
+        moved = subprocess.run(
+            [sys.executable, "-m", "cellplane_operator", "move", "acme", "--to", destination,
+             "-n", namespace, "--max-write-pause", str(budget), "--wait", "--timeout", "300",
+             "--kubeconfig", str(operators.kubeconfig)],
+            capture_output=True, text=True, timeout=360)
+        await_acks(load, 20)
+    finally:
+        seen = load.stop()
+    assert moved.returncode == 0, moved.stderr
+    status = status_of(operators, "tenantmove", moved.stdout.strip(), namespace)
+    assert status["phase"] == "Completed", status
+    pause = float(status["progress"]["pauseSeconds"])
+    print(f"\nmove {CELL} -> {destination} under load: write pause {pause:.2f} s "
+          f"(budget {budget:g} s)")
+    assert 0 < pause <= budget, status["progress"]
+    tenant = await_phase(operators, "tenant", "acme", "Ready", namespace=namespace)
+    assert tenant["cell"] == destination
+    rows = site_sql(operators, NAMESPACE, destination, STANDBY,
+                    f"SELECT job_id FROM jobs WHERE tenant_id = '{acme['tenantId']}'")
+    assert not rows.startswith("failed"), rows
+    assert set(seen["acked"].values()) <= set(rows.split())  # nothing acknowledged was lost

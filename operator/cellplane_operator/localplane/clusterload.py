@@ -12,10 +12,15 @@ failed attempt. The target answers every step 200 and keeps each call's idempote
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Protocol
 
+from cellplane_operator.domain.reconciliation import ReconciliationReport
+
 __all__ = ["TARGET_SERVER", "LOAD_GENERATOR", "python_pod", "PodServer", "ClusterLoad",
-           "longest_pause", "POD_PORT"]
+           "longest_pause", "POD_PORT", "site_sql", "reconciliation_report"]
 
 POD_PORT = 8080
 
@@ -168,3 +173,25 @@ def longest_pause(ack_times: list[float], after: float) -> float:
     """The longest time without an acknowledgement from ``after`` on (inf: none came)."""
     times = [after, *sorted(t for t in ack_times if t > after)]
     return max(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else float("inf")
+
+
+def site_sql(cluster: Kubectl, namespace: str, cell: str, region: str, sql: str) -> str:
+    """``sql`` on a kubernetes-driver site's Postgres, from inside its own Pod, as the
+    superuser with its password over TCP (the Pod's pg_hba trusts nothing); the rows as
+    ``psql -At`` prints them, or ``failed: <stderr>``."""
+    result = cluster.kubectl(
+        "exec", "-n", namespace, f"cell-{cell}-{region}-db-0", "-c", "database", "--", "sh",
+        "-c", 'PGPASSWORD="$(cat /etc/cellplane/database/postgres)" /usr/lib/postgresql/15/bin/'
+        f"psql -h 127.0.0.1 -U postgres -d cellplane -At -c {json.dumps(sql)}",
+        check=False, timeout=60)
+    return (str(result.stdout).strip() if result.returncode == 0
+            else f"failed: {result.stderr}")
+
+
+def reconciliation_report(kubeconfig: Path, cell: str, epoch: int) -> ReconciliationReport:
+    """The loss report of ``cell``'s takeover at ``epoch``, as ``cellplane report`` reads it."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "cellplane_operator", "report", cell, "--epoch", str(epoch),
+         "--json", "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, check=True, timeout=120)
+    return ReconciliationReport.from_json(printed.stdout)
