@@ -126,7 +126,8 @@ def set_up(cluster: LocalCluster) -> tuple[float, str, ClusterLoad]:
         "apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
         "metadata": {"name": "acme", "namespace": "bench"},
         "spec": {"plan": "enterprise", "homeRegion": REGIONS[0], "cell": CELL,
-                 "quotas": {"jobsPerSecond": 50, "burst": 100}, "targets": [
+                 "quotas": {"jobsPerSecond": 50, "burst": 100, "maxRunningJobs": 5},
+                 "targets": [
             {"name": "default", "url": f"http://target.bench.svc.cluster.local:{POD_PORT}/run"}]}}])
     until(lambda: status(cluster, "tenant", "acme", "bench").get("phase") == "Ready", 300,
           "the Tenant Ready")

@@ -179,7 +179,7 @@ def acme(operators: LocalCluster, kube_cell: dict[str, Any], namespace: str,
         "metadata": {"name": "acme", "namespace": namespace},
         "spec": {"plan": "enterprise", "homeRegion": HOME, "cell": CELL,
                  # Above the load's rate: a pause measured is the cell's, not the quota's.
-                 "quotas": {"jobsPerSecond": 50, "burst": 100},
+                 "quotas": {"jobsPerSecond": 50, "burst": 100, "maxRunningJobs": 5},
                  "targets": [{"name": "default", "url": target_url(target)}]}}])
     tenant = await_phase(operators, "tenant", "acme", "Ready", namespace=namespace)
     return {**tenant, "key": api_key(operators, namespace, "acme-api-key")}
