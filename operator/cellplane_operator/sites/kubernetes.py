@@ -122,6 +122,9 @@ class KubernetesSiteDriver:
         self._sites: dict[str, _Site] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._cells: dict[str, dict[str, Any]] = {}
+        # Read once per cell: ``check`` and ``database_role`` run every step of every site.
+        self._agent_tokens: dict[str, str] = {}
+        self._passfiles: dict[str, str] = {}
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
 
     async def aclose(self) -> None:
@@ -248,6 +251,8 @@ class KubernetesSiteDriver:
                                         claims=claims):
                 await self._kube.delete(resource_of(ref.kind), ref.name, namespace=ref.namespace)
             self._sites.pop(site.name, None)
+            self._agent_tokens.pop(site.cell, None)
+            self._passfiles.pop(site.cell, None)
 
     # -- objects -----------------------------------------------------------------------
 
@@ -397,6 +402,8 @@ class KubernetesSiteDriver:
     async def _agent_token(self, cell: str) -> str:
         """The cell's agent token, from its Secret ``cell-<cell>-agent`` (made on first use;
         another operator's concurrent make wins)."""
+        if (known := self._agent_tokens.get(cell)) is not None:
+            return known
         name = SiteSecrets.for_cell(cell).agent_token
         namespace = self._config.namespace
         found = await self._kube.get(SECRETS, name, namespace=namespace)
@@ -412,14 +419,18 @@ class KubernetesSiteDriver:
             found = await self._kube.get(SECRETS, name, namespace=namespace)
             if found is None:
                 raise SiteError(f"Secret {namespace}/{name} vanished while being made")
-        return base64.b64decode(found["data"]["token"]).decode()
+        token = base64.b64decode(found["data"]["token"]).decode()
+        self._agent_tokens[cell] = token
+        return token
 
     async def _endpoint(self, site: SiteKey, made: AgentEndpoint) -> DatabaseEndpoint:
         """The agent's endpoint with this operator's passfile for the superuser."""
-        credentials = await self._credentials.cell_credentials(site.cell)
         passfile = self._state_dir / site.cell / "passfile"
-        password = credentials.password(SUPERUSER)
-        write_private(passfile, f"*:*:*:{SUPERUSER}:{password}\n")
+        if self._passfiles.get(site.cell) is None or not passfile.exists():
+            credentials = await self._credentials.cell_credentials(site.cell)
+            line = f"*:*:*:{SUPERUSER}:{credentials.password(SUPERUSER)}\n"
+            write_private(passfile, line)
+            self._passfiles[site.cell] = str(passfile)
         return DatabaseEndpoint(host=made.host, port=made.port, dbname=made.dbname,
                                 user=made.user, passfile=str(passfile))
 
