@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -95,6 +96,57 @@ async def test_compare_and_put_succeeds_only_at_the_revision_read(etcd3: LocalCo
         assert final is not None and final.value == b"region-b"
     finally:
         await store.close()
+
+
+async def test_a_watch_on_a_member_that_falls_silent_moves_on_and_misses_nothing(
+        etcd3: LocalControlPlane) -> None:
+    """A partitioned member keeps its connections open and answers nothing (SIGSTOP does
+    the same): the watch on it must move to a live member, from the revision it reached,
+    not wait forever. The routers found this: their placement map stopped at a takeover."""
+    watched = etcd3.etcd.member("region-a")
+    others = [m.endpoint for m in etcd3.etcd.members if m.name != watched.name]
+    watching = EtcdStore([watched.endpoint, *others], timeout=SURVIVING_TIMEOUT)
+    writing = EtcdStore(others, timeout=SURVIVING_TIMEOUT)
+    seen: list[tuple[str, bytes]] = []
+    first, after = asyncio.Event(), asyncio.Event()
+
+    async def watch(revision: int) -> None:
+        async for event in watching.watch_prefix("/cellplane/silent/", start_revision=revision):
+            seen.append((event.key, event.value))
+            (after if first.is_set() else first).set()
+
+    await writing.put("/cellplane/silent/before", b"1")
+    written = await writing.get("/cellplane/silent/before")
+    assert written is not None
+    task = asyncio.create_task(watch(written.mod_revision))
+    try:
+        await asyncio.wait_for(first.wait(), 30)
+        assert watching.current_endpoint == watched.endpoint
+        etcd3.etcd.pause(watched.name)
+        try:
+            await writing.put("/cellplane/silent/during", b"2")
+            await writing.put("/cellplane/silent/later", b"3")
+            # Without keepalive this waits forever; 60 s is far above the ~9 s it takes.
+            await asyncio.wait_for(after.wait(), 60)
+            await _eventually_true(lambda: len(seen) >= 3, timeout=30)
+        finally:
+            etcd3.etcd.resume(watched.name)
+        assert seen == [("/cellplane/silent/before", b"1"), ("/cellplane/silent/during", b"2"),
+                        ("/cellplane/silent/later", b"3")]
+        assert watching.current_endpoint != watched.endpoint
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await watching.close()
+        await writing.close()
+
+
+async def _eventually_true(condition, timeout: float):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        await asyncio.sleep(0.1)
 
 
 async def _eventually(read, timeout: float = 30.0):  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ any other region is down). The cluster tests and ``benchmarks/cluster_failover.p
 The load generator submits jobs one after another through a router Service, each retried
 under its own Idempotency-Key until it is acknowledged, and keeps what it saw: every
 acknowledged key with its job and the time (the node's clock is the machine's), every
-failed attempt. The target answers every step 200 and keeps each call's idempotency key.
+failed attempt, and how many attempts failed for each reason (status and body, or error). The target answers every step 200 and keeps each call's idempotency key.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ LOAD_GENERATOR = """
 import json, os, threading, time, urllib.error, urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 url, key, prefix = os.environ['ROUTER'] + '/v1/jobs', os.environ['KEY'], os.environ['PREFIX']
-seen = {'acked': {}, 'ack_times': [], 'failed': [], 'running': True}
+seen = {'acked': {}, 'ack_times': [], 'failed': [], 'errors': {}, 'running': True}
 lock = threading.Lock()
 def submit(idempotency):
     body = json.dumps({'target': 'default', 'payload': {'key': idempotency}}).encode()
@@ -61,22 +61,25 @@ def submit(idempotency):
         'Content-Type': 'application/json'})
     try:
         answer = urllib.request.urlopen(request, timeout=3)
-        return json.loads(answer.read())['job_id'] if answer.status in (200, 201, 202) else None
-    except (OSError, ValueError):
-        return None
+        return json.loads(answer.read())['job_id'], None
+    except urllib.error.HTTPError as error:
+        return None, f'{error.code} {error.read()[:120].decode(errors="replace")}'
+    except (OSError, ValueError) as error:
+        return None, f'{type(error).__name__} {str(error)[:120]}'
 def run():
     n = 0
     while seen['running']:
         n += 1
         idempotency = f'{prefix}-{n}'
         while seen['running']:
-            job = submit(idempotency)
+            job, error = submit(idempotency)
             with lock:
                 if job is not None:
                     seen['acked'][idempotency] = job
                     seen['ack_times'].append(time.time())
                     break
                 seen['failed'].append(idempotency)
+                seen['errors'][error] = seen['errors'].get(error, 0) + 1
             time.sleep(0.2)
         time.sleep(0.1)
 class Handler(BaseHTTPRequestHandler):
@@ -163,7 +166,8 @@ class ClusterLoad(PodServer):
         return len(self.get()["acked"])
 
     def stop(self) -> dict[str, Any]:
-        """Stops sending; what it saw: ``acked`` {key: job id}, ``ack_times``, ``failed``."""
+        """Stops sending; what it saw: ``acked`` {key: job id}, ``ack_times``, ``failed``,
+        ``errors`` {reason: attempts}."""
         seen = dict(self.get("/stop"))
         self.delete()
         return seen

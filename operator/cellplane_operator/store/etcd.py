@@ -48,6 +48,22 @@ T = TypeVar("T")
 # member down is not hammered in a tight loop until the deadline.
 _ROUND_PAUSE_SECONDS = 0.1
 
+# A member cut off by a partition (or frozen) keeps its TCP connections open and
+# answers nothing, so a watch on it would wait forever for events that now land on
+# the other members. gRPC keepalive pings, sent while a call is open, end such a
+# stream within about 9 s, and the watch moves to the next member. etcd refuses
+# pings closer than 5 s (--grpc-keepalive-min-time), hence 6 s; gRPC's default of
+# two pings without data would stop them on a quiet watch, hence no limit. grpcio
+# 1.85 waits for a ping's answer for ping_timeout (1 min by default), not for the
+# keepalive timeout, so both are set.
+_CHANNEL_OPTIONS = {
+    "grpc.keepalive_time_ms": 6_000,
+    "grpc.keepalive_timeout_ms": 3_000,
+    "grpc.http2.ping_timeout_ms": 3_000,
+    "grpc.keepalive_permit_without_calls": 0,
+    "grpc.http2.max_pings_without_data": 0,
+}
+
 
 class EtcdStore:
     def __init__(
@@ -73,7 +89,8 @@ class EtcdStore:
         client = self._clients.get(endpoint)
         if client is None:
             host, _, port = endpoint.rpartition(":")
-            client = aetcd.Client(host=host, port=int(port), timeout=self._timeout)
+            client = aetcd.Client(host=host, port=int(port), timeout=self._timeout,
+                                  options=dict(_CHANNEL_OPTIONS))
             self._clients[endpoint] = client
         return client
 
