@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from cellplane_operator.demo.summary import StepCall
+from cellplane_operator.demo.summary import StepCall, step_call
 from cellplane_operator.localplane.ports import LOOPBACK
 
 __all__ = ["JobTarget", "Ack", "TenantLoad"]
@@ -80,13 +80,11 @@ class JobTarget:
     def _record(self, body: bytes, key: str) -> None:
         try:
             call = json.loads(body)
-            payload = call.get("payload") or {}
-            recorded = StepCall(tenant_id=str(call["tenant"]),
-                                submission=str(payload.get("key", "")),
-                                job_id=str(call["job_id"]), step=int(call["step"]),
-                                idempotency_key=key)
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             return  # not a step of the demo's jobs
+        recorded = step_call(call, key) if isinstance(call, dict) else None
+        if recorded is None:
+            return
         with self._lock:
             self.calls.append(recorded)
 

@@ -17,7 +17,7 @@ __all__ = [
     "EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_INVARIANT", "EXIT_INTERRUPTED",
     "StepCall", "RunningSample", "JobCounts", "MoveOutcome", "RegionLoss", "NoisyShare",
     "Invariant", "DemoSummary", "count_jobs", "jobs_run_twice", "noisy_share",
-    "check_invariants", "render_table", "timeline_line",
+    "check_invariants", "render_table", "timeline_line", "step_call", "first_ack_after",
 ]
 
 EXIT_OK = 0
@@ -140,10 +140,13 @@ class DemoSummary:
     jobs: JobCounts
     move: MoveOutcome
     region_loss: RegionLoss
-    noisy: NoisyShare
+    noisy: NoisyShare | None
+    """None where the story has no noisy tenant (the cluster's: two tenants, one load each)."""
     tenants: Mapping[str, str]
     """namespace/name -> phase at the end."""
     invariants: tuple[Invariant, ...] = field(default=())
+    driver: str = "local"
+    """The site driver the cells ran on: ``local`` (processes) or ``kubernetes`` (Pods)."""
 
     @property
     def broken(self) -> tuple[Invariant, ...]:
@@ -156,8 +159,9 @@ class DemoSummary:
     def to_json(self) -> str:
         document: dict[str, Any] = asdict(self)
         document["jobs"]["lost_not_in_report"] = list(self.jobs.lost_not_in_report)
-        document["noisy"]["cap_share"] = round(self.noisy.cap_share, 4)
-        document["noisy"]["peak_share"] = round(self.noisy.peak_share, 4)
+        if self.noisy is not None:
+            document["noisy"]["cap_share"] = round(self.noisy.cap_share, 4)
+            document["noisy"]["peak_share"] = round(self.noisy.peak_share, 4)
         document["broken"] = [i.name for i in self.broken]
         document["exit_code"] = self.exit_code
         return json.dumps(document, sort_keys=True)
@@ -177,6 +181,24 @@ def count_jobs(*, acknowledged: Mapping[str, str], statuses: Mapping[str, str],
                        if job in statuses and statuses[job] != "succeeded"),
         lost=tuple(lost), lost_in_report=tuple(job for job in lost if job in in_report),
         run_twice=jobs_run_twice(calls), refused=refused)
+
+
+def step_call(body: Mapping[str, Any], idempotency_key: str) -> StepCall | None:
+    """The call a job target received, as the demo counts it; None for a body that is not a
+    step of the demo's jobs (their payload carries the client's key under ``key``)."""
+    try:
+        payload = body.get("payload") or {}
+        return StepCall(tenant_id=str(body["tenant"]), submission=str(payload.get("key", "")),
+                        job_id=str(body["job_id"]), step=int(body["step"]),
+                        idempotency_key=idempotency_key)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def first_ack_after(ack_times: Iterable[float], moment: float) -> float | None:
+    """Seconds from ``moment`` to the first acknowledgement after it (None: none came)."""
+    later = [at for at in ack_times if at > moment]
+    return min(later) - moment if later else None
 
 
 def jobs_run_twice(calls: Iterable[StepCall]) -> tuple[str, ...]:
@@ -211,10 +233,12 @@ def noisy_share(samples: Iterable[RunningSample], *, tenant: str, tenant_id: str
 
 
 def check_invariants(*, jobs: JobCounts, move: MoveOutcome, region_loss: RegionLoss,
-                     noisy: NoisyShare, tenants: Mapping[str, str]) -> tuple[Invariant, ...]:
+                     noisy: NoisyShare | None,
+                     tenants: Mapping[str, str]) -> tuple[Invariant, ...]:
+    """Every invariant the story can judge; the noisy tenant's only where it had one."""
     unready = sorted(name for name, phase in tenants.items() if phase != "Ready")
     missing = jobs.lost_not_in_report
-    return (
+    return tuple(invariant for invariant in (
         Invariant("no acknowledged job lost unless in the report", not missing,
                   f"{len(jobs.lost)} lost, {len(jobs.lost_in_report)} of them in the report"
                   + (f"; not reported: {', '.join(missing[:5])}" if missing else "")),
@@ -225,10 +249,11 @@ def check_invariants(*, jobs: JobCounts, move: MoveOutcome, region_loss: RegionL
                   f"{len(tenants) - len(unready)}/{len(tenants)} Ready"
                   + (f"; not Ready: {', '.join(f'{n} ({tenants[n]})' for n in unready)}"
                      if unready else "")),
-        Invariant("the noisy tenant held within its cap", noisy.samples > 0
-                  and noisy.peak_running <= noisy.cap,
-                  f"peak {noisy.peak_running} running of cap {noisy.cap} over "
-                  f"{noisy.samples} samples"),
+        None if noisy is None else Invariant(
+            "the noisy tenant held within its cap",
+            noisy.samples > 0 and noisy.peak_running <= noisy.cap,
+            f"peak {noisy.peak_running} running of cap {noisy.cap} over "
+            f"{noisy.samples} samples"),
         Invariant("the move completed within its write-pause budget",
                   move.phase == "Completed" and move.pause_seconds is not None
                   and move.pause_seconds <= move.budget_seconds,
@@ -238,7 +263,7 @@ def check_invariants(*, jobs: JobCounts, move: MoveOutcome, region_loss: RegionL
                   and region_loss.epoch_after > region_loss.epoch_before,
                   f"epoch {region_loss.epoch_before} -> {region_loss.epoch_after}, RTO "
                   f"{_seconds(region_loss.rto_seconds, 2)}"),
-    )
+    ) if invariant is not None)
 
 
 def render_table(summary: DemoSummary) -> str:
@@ -270,11 +295,14 @@ def render_table(summary: DemoSummary) -> str:
              "rebuilt as a standby" if loss.rebuilt_as_standby else "not rebuilt",
              f"report: {loss.report_jobs} job(s), {loss.lost_wal_bytes} WAL bytes past the fork"
              if loss.report_jobs is not None else "no report") if part)),
-        (f"noisy tenant {noisy.tenant}: running slots",
-         f"peak {noisy.peak_running} of cap {noisy.cap} = {noisy.peak_share:.0%} of "
-         f"{noisy.cell_slots} slots (cap share {noisy.cap_share:.0%}); "
-         f"{noisy.mean_share_of_running:.0%} of running jobs on average, "
-         f"{noisy.samples} samples"),
+    ]
+    if noisy is not None:
+        rows.append((f"noisy tenant {noisy.tenant}: running slots",
+                     f"peak {noisy.peak_running} of cap {noisy.cap} = {noisy.peak_share:.0%} "
+                     f"of {noisy.cell_slots} slots (cap share {noisy.cap_share:.0%}); "
+                     f"{noisy.mean_share_of_running:.0%} of running jobs on average, "
+                     f"{noisy.samples} samples"))
+    rows += [
         ("tenants Ready at the end", f"{ready}/{len(summary.tenants)}"),
     ]
     rows += [(f"invariant: {i.name}", ("held" if i.held else "BROKEN") + f"  ({i.detail})")
@@ -286,7 +314,8 @@ def render_table(summary: DemoSummary) -> str:
         lines.append(f"BROKEN: {'; '.join(i.name for i in summary.broken)} "
                      f"(exit {EXIT_INVARIANT})")
     else:
-        lines.append(f"every invariant held; {summary.mode} run in {summary.seconds:.0f} s")
+        lines.append(f"every invariant held; {summary.mode} run ({summary.driver} driver) in "
+                     f"{summary.seconds:.0f} s")
     return "\n".join(lines) + "\n"
 
 
