@@ -24,9 +24,7 @@ Progress to stderr, the tables to stdout.
 from __future__ import annotations
 
 import argparse
-import base64
 import glob
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -36,23 +34,26 @@ from typing import Any
 from regions import on_sigterm_exit, percentile, progress
 
 from cellplane_operator.localplane.cluster import ClusterConfig, LocalCluster
-from cellplane_operator.localplane.clusterchart import NAMESPACE, RELEASE, install_operators
-from cellplane_operator.localplane.clusterload import (
-    POD_PORT,
-    TARGET_SERVER,
-    ClusterLoad,
-    PodServer,
-    python_pod,
-    reconciliation_report,
-    site_sql,
+from cellplane_operator.localplane.clusterchart import NAMESPACE, install_operators
+from cellplane_operator.localplane.clustercells import (
+    PRODUCT_LEASE,
+    api_key,
+    kubernetes_cell,
+    operator_image,
+    router_url,
+    start_target,
+    status_of,
+    streams_as_standby,
+    target_url,
+    tenant,
 )
+from cellplane_operator.localplane.clusterload import ClusterLoad, reconciliation_report, site_sql
 from cellplane_operator.localplane.images import build_images
 
 CELL = "bench-a1"
 REGIONS = ("region-a", "region-b")
 ELSEWHERE = "region-c"
-LEASE = {"durationSeconds": 10, "renewIntervalSeconds": 2, "marginSeconds": 2}
-FLOOR_SECONDS = LEASE["durationSeconds"] + LEASE["marginSeconds"]
+FLOOR_SECONDS = PRODUCT_LEASE["durationSeconds"] + PRODUCT_LEASE["marginSeconds"]
 GOAL_P99_SECONDS = 15.0
 GOAL_READY_SECONDS = 30.0
 
@@ -67,13 +68,6 @@ class Run:
     lost_reported: int
     report_jobs: int
     rebuilt_in: float
-
-
-def status(cluster: LocalCluster, kind: str, name: str, namespace: str | None = None
-           ) -> dict[str, Any]:
-    where = ["-n", namespace] if namespace else []
-    found = cluster.kubectl("get", kind, name, *where, "-o", "json", check=False, timeout=30)
-    return dict(json.loads(found.stdout).get("status") or {}) if found.returncode == 0 else {}
 
 
 def until(condition: Any, timeout: float, what: str) -> None:
@@ -100,56 +94,34 @@ def cell_pods_memory(cluster: LocalCluster) -> list[tuple[str, int | None]]:
                   for p in pods["items"])
 
 
-def image_of(cluster: LocalCluster) -> str:
-    return next(str(i.reference) for i in cluster.images if i.name == "operator")
-
-
 def set_up(cluster: LocalCluster) -> tuple[float, str, ClusterLoad]:
     install_operators(cluster)
     began = time.monotonic()
-    cluster.apply([{
-        "apiVersion": "cellplane.io/v1alpha1", "kind": "Cell", "metadata": {"name": CELL},
-        "spec": {"region": REGIONS[0], "standbyRegions": [REGIONS[1]], "tier": "shared",
-                 "capacity": {"tenants": 5, "workerSlots": 10}, "lease": LEASE,
-                 "driver": {"name": "kubernetes", "allowPrivateTargets": True}}}])
-    until(lambda: status(cluster, "cell", CELL).get("phase") == "Ready", 600, "the Cell Ready")
+    cluster.apply([kubernetes_cell(CELL, region=REGIONS[0], standbys=[REGIONS[1]])])
+    until(lambda: status_of(cluster, "cell", CELL).get("phase") == "Ready", 600,
+          "the Cell Ready")
     ready = time.monotonic() - began
     progress(f"Cell {CELL} Ready {ready:.1f} s after it was applied")
     cluster.kubectl("create", "namespace", "bench")
-    cluster.apply([{"apiVersion": "v1", "kind": "Service",
-                    "metadata": {"name": "target", "namespace": "bench"},
-                    "spec": {"selector": {"app": "target"},
-                             "ports": [{"port": POD_PORT, "targetPort": POD_PORT}]}}])
-    PodServer(cluster, python_pod(image_of(cluster), "target", "bench", ELSEWHERE,
-                                  TARGET_SERVER))
-    cluster.apply([{
-        "apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
-        "metadata": {"name": "acme", "namespace": "bench"},
-        "spec": {"plan": "enterprise", "homeRegion": REGIONS[0], "cell": CELL,
-                 "quotas": {"jobsPerSecond": 50, "burst": 100, "maxRunningJobs": 5},
-                 "targets": [
-            {"name": "default", "url": f"http://target.bench.svc.cluster.local:{POD_PORT}/run"}]}}])
-    until(lambda: status(cluster, "tenant", "acme", "bench").get("phase") == "Ready", 300,
+    start_target(cluster, "bench", ELSEWHERE)
+    cluster.apply([tenant("acme", "bench", cell=CELL, home_region=REGIONS[0],
+                          target=target_url("bench"))])
+    until(lambda: status_of(cluster, "tenant", "acme", "bench").get("phase") == "Ready", 300,
           "the Tenant Ready")
-    tenant_id = str(status(cluster, "tenant", "acme", "bench")["tenantId"])
-    secret = cluster.get_json("secret", "acme-api-key", "-n", "bench")
-    key = base64.b64decode(secret["data"]["api-key"]).decode()
-    router = f"http://{RELEASE}-router-{ELSEWHERE}.{NAMESPACE}.svc.cluster.local:8080"
-    load = ClusterLoad(cluster, image=image_of(cluster), namespace="bench", region=ELSEWHERE,
-                       router=router, key=key, prefix="bench")
+    tenant_id = str(status_of(cluster, "tenant", "acme", "bench")["tenantId"])
+    load = ClusterLoad(cluster, image=operator_image(cluster), namespace="bench",
+                       region=ELSEWHERE, router=router_url(ELSEWHERE),
+                       key=api_key(cluster, "bench", "acme"), prefix="bench")
     return ready, tenant_id, load
 
 
 def streaming_standby(cluster: LocalCluster, region: str, epoch: int | None) -> bool:
-    seen = status(cluster, "cell", CELL)
-    reconciled = epoch is None or (seen.get("lastReconciliation") or {}).get("epoch") == epoch
-    return reconciled and any(s.get("region") == region and s.get("streaming")
-                              for s in seen.get("standbys") or [])
+    return streams_as_standby(status_of(cluster, "cell", CELL), region, reconciled_epoch=epoch)
 
 
 def one_run(cluster: LocalCluster, load: ClusterLoad, number: int, tenant_id: str,
             lost_so_far: set[str]) -> Run:
-    before = status(cluster, "cell", CELL)
+    before = status_of(cluster, "cell", CELL)
     killed = str(before["activeRegion"])
     survivor = next(r for r in REGIONS if r != killed)
     until(lambda: streaming_standby(cluster, survivor, None), 300, f"{survivor} streaming")
@@ -160,9 +132,9 @@ def one_run(cluster: LocalCluster, load: ClusterLoad, number: int, tenant_id: st
     until(lambda: max(load.get()["ack_times"]) > kill + 0.5, 180,
           "a job acknowledged after the kill")
     rto = min(t for t in load.get()["ack_times"] if t > kill) - kill
-    until(lambda: status(cluster, "cell", CELL).get("activeRegion") == survivor, 120,
+    until(lambda: status_of(cluster, "cell", CELL).get("activeRegion") == survivor, 120,
           "the Cell's status naming the survivor")
-    after = status(cluster, "cell", CELL)
+    after = status_of(cluster, "cell", CELL)
     restarted = time.monotonic()
     cluster.start_node(killed)
     until(lambda: streaming_standby(cluster, killed, after["epoch"]), 600,
