@@ -5,6 +5,20 @@
     cellplane demo --keep     stay up after the summary, for kubectl; Ctrl-C stops
     cellplane demo --json     the summary as one JSON object on stdout (timeline on stderr)
     cellplane demo --stop     stop a demo left running (--keep) or the leftovers of one killed
+    cellplane demo --driver kubernetes
+                              the same story on the local multi-node cluster, cells as Pods
+                              (root; --short, --keep, --json as above)
+
+The default driver is ``local``: its regions are processes on this machine, and it is
+what `bash hack/demo.sh`, the README's main command, runs. ``--driver kubernetes`` is
+not the default, for it needs root (network namespaces, containerd, kubelets), podman's
+image builds on a first run, and it takes longer than twice the local demo's time: the
+cluster's start, the chart and the Cells' Pods come before the story, and every read of
+it is a `kubectl exec` (docs/kubernetes-driver.md#demo has the measured times). With
+it, the demo starts its own cluster beside any other (its network namespaces have their
+own prefix), prints `kubectl get pods -A -o wide` while the load runs, and stops the
+cluster at its end, on Ctrl-C and on SIGTERM; --keep keeps it up and prints its
+KUBECONFIG. --router-port and --stop are the local demo's.
 
 The routers listen on 127.0.0.1 ports --router-port, +1 and +2 (region-a, -b, -c),
 so that you can curl them; everything else takes free ports. The demo checks its
@@ -68,12 +82,25 @@ def add_demo_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       f"(default {DEFAULT_ROUTER_PORT})")
     demo.add_argument("--stop", action="store_true",
                       help="stop the demo recorded in the state file (or its leftovers) and exit")
+    demo.add_argument("--driver", choices=("local", "kubernetes"), default="local",
+                      help="local (default): regions as processes on this machine; "
+                      "kubernetes: the local multi-node cluster, cells as Pods (root)")
     demo.set_defaults(run=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
     timeline_stream = sys.stderr if args.json else sys.stdout
     path = state_path()
+    if args.driver == "kubernetes":
+        if args.stop:
+            print("cellplane demo: --stop is the local demo's; a cluster demo stops on Ctrl-C "
+                  "or SIGTERM", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if os.geteuid() != 0:
+            print("cellplane demo --driver kubernetes: the local cluster needs root (network "
+                  "namespaces, containerd, kubelets); run it as root", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        return _run(args, None, timeline_stream)
     if args.stop:
         return stop_demo(path)
     if not 1024 <= args.router_port <= 65533:
@@ -104,9 +131,12 @@ def run_demo(args: argparse.Namespace) -> int:
     return _run(args, path, timeline_stream)
 
 
-def _run(args: argparse.Namespace, path: Path, timeline_stream: IO[str]) -> int:
+def _run(args: argparse.Namespace, path: Path | None, timeline_stream: IO[str]) -> int:
+    """The demo on either driver; ``path`` is the local demo's state file (None on the
+    cluster, which records itself: its janitor cleans up after a killed launcher)."""
     # Imported here: the checks above must answer at once, without the runner's imports.
     from cellplane_operator.demo import scene
+    from cellplane_operator.demo.cluster import ClusterDemo
     from cellplane_operator.demo.runner import DemoRun
     from cellplane_operator.demo.timeline import DemoFailed, Timeline
 
@@ -115,12 +145,15 @@ def _run(args: argparse.Namespace, path: Path, timeline_stream: IO[str]) -> int:
     assert me is not None
     record = DemoRecord(demo=me, run_dir="", started_at=DemoRecord.now())
     previous = _unwind_on_sigterm()
-    run: DemoRun | None = None
+    run: DemoRun | ClusterDemo | None = None
     code = EXIT_FAILED
     interrupted = kept = False
     try:
-        run = DemoRun(scene.settings_for(args.short), router_port=args.router_port,
-                      timeline=timeline, record=record, state_file=path)
+        if path is None:
+            run = ClusterDemo(scene.cluster_settings_for(args.short), timeline)
+        else:
+            run = DemoRun(scene.settings_for(args.short), router_port=args.router_port,
+                          timeline=timeline, record=record, state_file=path)
         summary = run.run()
         timeline.write(render_table(summary))
         if args.json:
@@ -150,12 +183,11 @@ def _run(args: argparse.Namespace, path: Path, timeline_stream: IO[str]) -> int:
                 keep_dir = bool(os.environ.get("CELLPLANE_KEEP_RUN_DIR"))
                 run.close(remove=not keep_dir)
                 timeline.say(f"every process stopped in {time.monotonic() - started:.1f} s; "
-                             "run dir " + (f"kept: {run.regions.plane.run_dir}" if keep_dir
-                                           else "removed"))
+                             "run dir " + (f"kept: {run.run_dir}" if keep_dir else "removed"))
             elif record.run_dir:  # interrupted while the run dir was being made
                 shutil.rmtree(record.run_dir, ignore_errors=True)
-            mine = DemoRecord.load(path)
-            if mine is not None and mine.demo == me:
+            mine = DemoRecord.load(path) if path is not None else None
+            if path is not None and mine is not None and mine.demo == me:
                 path.unlink(missing_ok=True)
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -57,6 +57,10 @@ class DemoRun:
         """Job ids the reconciliation report lists."""
         self._sampler: threading.Thread | None = None
 
+    @property
+    def run_dir(self) -> Path:
+        return self.regions.plane.run_dir
+
     # -- the story ------------------------------------------------------------------------
 
     def run(self) -> DemoSummary:

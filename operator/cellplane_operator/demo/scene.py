@@ -15,7 +15,10 @@ from cellplane_operator.domain.placement import dedicated_cell_name
 
 __all__ = ["REGIONS", "NAMESPACE", "DemoTenant", "DemoSettings", "TENANTS", "NOISY", "MOVED",
            "MOVE_BUDGET_SECONDS", "CELL_SLOTS", "DEDICATED", "DEDICATED_CELL",
-           "LOST_REGION", "LOST_CELL", "MOVE_TARGET", "settings_for", "manifests"]
+           "LOST_REGION", "LOST_CELL", "MOVE_TARGET", "settings_for", "manifests",
+           "CLUSTER_LOST_CELL", "CLUSTER_MOVE_TARGET", "CLUSTER_MOVED", "CLUSTER_STAYS",
+           "CLUSTER_LOAD_REGION", "CLUSTER_MOVE_BUDGET_SECONDS", "ClusterSettings",
+           "cluster_settings_for"]
 
 REGIONS = ("region-a", "region-b", "region-c")
 NAMESPACE = "demo"
@@ -153,3 +156,50 @@ def manifests(settings: DemoSettings, target_url: str) -> list[dict[str, Any]]:
         objects.append({"apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
                         "metadata": {"name": tenant.name, "namespace": NAMESPACE}, "spec": spec})
     return objects
+
+
+# -- the same story on the local cluster (``cellplane demo --driver kubernetes``) ----------
+#
+# Cells of the ``kubernetes`` driver are Pods: a Postgres StatefulSet per region, the API
+# and the workers as Deployments. The cast is smaller than the local one (two Cells, two
+# tenants, one load each) because every site is a few Pods on a 2-core machine; the
+# story is the same: a tenant moved under load, the lost cell's region killed whole
+# (its node: kubelet, containerd, every Pod, its operator, router and etcd member),
+# taken over, brought back, fenced, reported on and rebuilt.
+
+CLUSTER_LOST_CELL = "demo-a1"
+"""Homed in the region the cluster demo loses (region-a), its standby in region-b."""
+CLUSTER_MOVE_TARGET = "demo-b1"
+"""In region-b, which the demo keeps: the moved tenant is away from the loss."""
+CLUSTER_MOVED = "acme"
+CLUSTER_STAYS = "initech"
+"""The tenant that stays in the lost cell: its load measures the region loss."""
+CLUSTER_LOAD_REGION = "region-c"
+"""Where the load, the job target and the router they use run: never lost."""
+CLUSTER_MOVE_BUDGET_SECONDS = 5.0
+"""A cutover on the cluster crosses Pods and Services; the cluster tests' budget."""
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    mode: str
+    """``short`` (CI) or ``full``."""
+    warmup_jobs: int
+    """Acknowledged jobs of each tenant before the move starts."""
+    after_takeover_jobs: int
+    """Acknowledged jobs of the lost cell's tenant after the takeover."""
+    ready_timeout: float
+    """Cells (Pods, a base backup for the standby) and tenants Ready, on a loaded machine."""
+    rebuild_timeout: float
+    """The killed node back, its old primary fenced, reported on and streaming again."""
+    finish_timeout: float
+
+
+def cluster_settings_for(short: bool) -> ClusterSettings:
+    # The lease is the product's in both modes: the kubernetes driver's takeover is measured
+    # against it (README Measured), and a shorter one would race the Pods' own restarts.
+    if short:
+        return ClusterSettings(mode="short", warmup_jobs=10, after_takeover_jobs=5,
+                               ready_timeout=900, rebuild_timeout=600, finish_timeout=90)
+    return ClusterSettings(mode="full", warmup_jobs=60, after_takeover_jobs=40,
+                           ready_timeout=900, rebuild_timeout=600, finish_timeout=180)
