@@ -91,3 +91,29 @@ def test_a_lost_job_not_in_the_report_breaks_the_cluster_story_too() -> None:
     summary = _cluster_summary(jobs=JobCounts(10, 9, 0, ("j1",), (), ()))
     assert [i.name for i in summary.broken] == ["no acknowledged job lost unless in the report"]
     assert summary.exit_code == EXIT_INVARIANT
+
+
+def test_counts_grown_waits_for_each_name_to_grow_by_its_own_amount() -> None:
+    from cellplane_operator.demo.timeline import counts_grown
+
+    counts = {"acme": 10, "initech": 4}
+    check = counts_grown(counts.__getitem__, {"acme": 3, "initech": 1})
+    assert check() == (False, "acme 0/3 initech 0/1")
+    counts.update(acme=14, initech=5)
+    assert check() == (True, "acme 3/3 initech 1/1")
+
+
+def test_only_the_cells_own_telling_events_are_kept_oldest_first() -> None:
+    from cellplane_operator.demo.regions import telling_cell_events
+
+    def event(reason: str, name: str, at: str, kind: str = "Cell") -> dict[str, object]:
+        return {"reason": reason, "lastTimestamp": at,
+                "involvedObject": {"kind": kind, "name": name}}
+
+    events = [event("RebuiltAsStandby", "demo-a1", "2026-12-03T10:02:00Z"),
+              event("OldPrimaryFenced", "demo-a1", "2026-12-03T10:01:00Z"),
+              event("OldPrimaryFenced", "demo-b1", "2026-12-03T10:00:00Z"),
+              event("Scheduled", "demo-a1", "2026-12-03T10:00:00Z"),
+              event("Takeover", "demo-a1", "2026-12-03T10:00:00Z", kind="Tenant")]
+    assert [e["reason"] for e in telling_cell_events(events, "demo-a1")] == [
+        "OldPrimaryFenced", "RebuiltAsStandby"]

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from cellplane_operator.demo import scene
+from cellplane_operator.demo.regions import telling_cell_events
 from cellplane_operator.demo.summary import (DemoSummary, MoveOutcome, RegionLoss,
                                              check_invariants, count_jobs, first_ack_after,
                                              step_call)
-from cellplane_operator.demo.timeline import DemoFailed, Timeline, await_condition
+from cellplane_operator.demo.timeline import (DemoFailed, Timeline, await_condition,
+                                              counts_grown)
 from cellplane_operator.localplane.cluster import ClusterConfig, LocalCluster
 from cellplane_operator.localplane.clusterchart import NAMESPACE, install_operators
 from cellplane_operator.localplane.clustercells import (api_key, job_statuses,
@@ -44,7 +46,6 @@ from cellplane_operator.localplane.images import build_images
 __all__ = ["ClusterStory", "ClusterDemo"]
 
 _HOME, _STANDBY = "region-a", "region-b"
-_TELLING_EVENTS = ("Takeover", "Fenc", "Reconciliation", "Rebuilt", "Promot", "Failover")
 
 
 class ClusterStory:
@@ -293,10 +294,8 @@ class ClusterStory:
         found = self.cluster.kubectl("get", "events", "-A", "-o", "json", "--field-selector",
                                      f"involvedObject.kind=Cell,involvedObject.name={cell}",
                                      check=False, timeout=60)
-        events = json.loads(found.stdout).get("items", []) if found.returncode == 0 else []
-        return sorted((e for e in events
-                       if any(word in str(e.get("reason")) for word in _TELLING_EVENTS)),
-                      key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+        return telling_cell_events(
+            json.loads(found.stdout).get("items", []) if found.returncode == 0 else [], cell)
 
     def job_statuses(self) -> dict[str, str]:
         """job id -> status over the active site of both cells; a moved tenant's jobs are in
@@ -317,14 +316,8 @@ class ClusterStory:
                              f"({self.cluster.logs_dir})")
 
     def await_acks(self, wanted: dict[str, int], what: str) -> None:
-        base = {name: self.loads[name].acked() for name in wanted}
-
-        def check() -> tuple[bool, str]:
-            got = {name: self.loads[name].acked() - base[name] for name in wanted}
-            return all(got[n] >= wanted[n] for n in wanted), " ".join(
-                f"{n} {min(got[n], wanted[n])}/{wanted[n]}" for n in sorted(wanted))
-
-        self.await_condition(what, check, timeout=180)
+        self.await_condition(what, counts_grown(lambda name: self.loads[name].acked(), wanted),
+                             timeout=180)
 
 
 class ClusterDemo:

@@ -38,7 +38,7 @@ from cellplane_operator.sites.local import site_process_ids, stop_all_sites
 from cellplane_operator.sites.reports import SiteReport, SiteReports
 from cellplane_operator.store import EtcdStore
 
-__all__ = ["DemoRegions"]
+__all__ = ["DemoRegions", "telling_cell_events"]
 
 T = TypeVar("T")
 
@@ -211,13 +211,7 @@ class DemoRegions:
 
     def cell_events(self, cell: str) -> list[dict[str, Any]]:
         """The Cell's events that tell the takeover and the fencing, oldest first."""
-        telling = ("Takeover", "Fenc", "Reconciliation", "Rebuilt", "Promot", "Failover")
-        found = [e for e in self.call(self.kube.list(EVENTS))
-                 if (e.get("involvedObject") or {}).get("kind") == "Cell"
-                 and (e.get("involvedObject") or {}).get("name") == cell
-                 and any(word in str(e.get("reason")) for word in telling)]
-        return sorted(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime")
-                                               or ""))
+        return telling_cell_events(self.call(self.kube.list(EVENTS)), cell)
 
     def job_statuses(self, tenant_ids: list[str]) -> dict[str, str]:
         """job id -> status over the active site of every cell; a job found in two cells (a
@@ -256,6 +250,16 @@ class DemoRegions:
             await self._kube.close()
         if self._store is not None:
             await self._store.close()
+
+
+def telling_cell_events(events: list[dict[str, Any]], cell: str) -> list[dict[str, Any]]:
+    """Of ``events``, the Cell ``cell``'s that tell a takeover and the fencing, oldest first."""
+    telling = ("Takeover", "Fenc", "Reconciliation", "Rebuilt", "Promot", "Failover")
+    found = [e for e in events
+             if (e.get("involvedObject") or {}).get("kind") == "Cell"
+             and (e.get("involvedObject") or {}).get("name") == cell
+             and any(word in str(e.get("reason")) for word in telling)]
+    return sorted(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
 
 
 def _stop_quietly(process: ManagedProcess) -> None:

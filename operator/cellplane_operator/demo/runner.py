@@ -28,7 +28,7 @@ from cellplane_operator.demo.regions import DemoRegions
 from cellplane_operator.demo.summary import (DemoSummary, MoveOutcome, RegionLoss,
                                              RunningSample, check_invariants, count_jobs,
                                              noisy_share)
-from cellplane_operator.demo.timeline import DemoFailed, Timeline, await_condition
+from cellplane_operator.demo.timeline import DemoFailed, Timeline, await_condition, counts_grown
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS, SECRETS, TENANTMOVES, TENANTS
 from cellplane_operator.move_cli import render_progress
@@ -384,14 +384,8 @@ class DemoRun:
                              f"({self.regions.plane.run_dir}/logs) for a look")
 
     def await_acks(self, wanted: dict[str, int], what: str) -> None:
-        base = {name: len(self.loads[name].acks) for name in wanted}
-
-        def check() -> tuple[bool, str]:
-            got = {name: len(self.loads[name].acks) - base[name] for name in wanted}
-            return all(got[n] >= wanted[n] for n in wanted), " ".join(
-                f"{n} {min(got[n], wanted[n])}/{wanted[n]}" for n in sorted(wanted))
-
-        self.await_condition(what, check, timeout=180)
+        self.await_condition(what, counts_grown(lambda name: len(self.loads[name].acks),
+                                                wanted), timeout=180)
 
     def _first_write_after(self, moment: float, tenants: list[str]) -> float | None:
         times = [ack.at for name in tenants for ack in list(self.loads[name].acks)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO
 
 from cellplane_operator.demo.summary import timeline_line
 from cellplane_operator.errors import CellplaneError
 
-__all__ = ["DemoFailed", "Timeline", "await_condition"]
+__all__ = ["DemoFailed", "Timeline", "await_condition", "counts_grown"]
 
 _HEARTBEAT_SECONDS = 10.0
 _CHANGE_SECONDS = 2.0
@@ -81,3 +81,17 @@ def await_condition(timeline: Timeline, what: str, check: Callable[[], tuple[boo
             raise DemoFailed(f"timed out after {timeout:.0f} s waiting for {what} "
                              f"(last: {state}){hint}")
         time.sleep(_POLL_SECONDS)
+
+
+def counts_grown(count: Callable[[str], int],
+                 wanted: Mapping[str, int]) -> Callable[[], tuple[bool, str]]:
+    """A condition for ``await_condition``: each name's ``count`` grew by what ``wanted``
+    says from now on (say, acknowledged jobs of each tenant)."""
+    base = {name: count(name) for name in wanted}
+
+    def check() -> tuple[bool, str]:
+        got = {name: count(name) - base[name] for name in wanted}
+        return all(got[n] >= wanted[n] for n in wanted), " ".join(
+            f"{n} {min(got[n], wanted[n])}/{wanted[n]}" for n in sorted(wanted))
+
+    return check
