@@ -21,6 +21,8 @@ import yaml
 
 from cellplane_operator.localplane.cluster import ClusterConfig, LocalCluster
 from cellplane_operator.localplane.clusterchart import NAMESPACE, RELEASE
+# Shared with the cluster demo and benchmark; the tests import them from here.
+from cellplane_operator.localplane.clustercells import operator_image, status_of
 from cellplane_operator.localplane.process import wait_for
 
 # What the session's cluster cost, printed in pytest's summary (conftest).
@@ -71,13 +73,6 @@ def install_session_operators(cluster: LocalCluster) -> dict[str, Any]:
     if memory is not None:
         MEASURED["memory with the operators"] = f"{memory / 2**20:.0f} MiB"
     return values
-
-
-def operator_image(cluster: LocalCluster) -> str:
-    for image in cluster.images:
-        if image.name == "operator":
-            return str(image.reference)
-    raise AssertionError("the cluster has no operator image")
 
 
 class Workloads:
@@ -183,15 +178,6 @@ def operator_pods(cluster: LocalCluster, region: str) -> list[dict[str, Any]]:
 def pod_ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True"
                for c in pod.get("status", {}).get("conditions", []))
-
-
-def status_of(cluster: LocalCluster, kind: str, name: str,
-              namespace: str | None = None) -> dict[str, Any]:
-    where = ["-n", namespace] if namespace else []
-    result = cluster.kubectl("get", kind, name, *where, "-o", "json", check=False, timeout=30)
-    if result.returncode != 0:
-        return {}
-    return dict(json.loads(result.stdout).get("status") or {})
 
 
 def await_phase(cluster: LocalCluster, kind: str, name: str, phase: str, *,
