@@ -1,6 +1,6 @@
-"""A kubernetes-driver site as objects (``domain/site_objects.py``, ``site_names.py``) and
-how a returning site's Postgres may start (``domain/returning_site.py``). Pure: no
-apiserver, no database."""
+"""A kubernetes-driver site as objects (``domain/site_objects.py``, ``site_names.py``).
+Pure: no apiserver, no database. What a returning site becomes is the runner's
+``domain/failover.site_role`` (tests/unit/test_failover_rules.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cellplane_operator.api.v1alpha1 import API_VERSION
-from cellplane_operator.domain.failover import ActiveSite
-from cellplane_operator.domain.returning_site import (
-    ReturningSite,
-    StartMode,
-    returning_start,
-)
 from cellplane_operator.domain.site_names import (
     MAX_CELL_AND_REGION,
     STATEFUL_SET_NAME_MAX,
@@ -392,60 +386,13 @@ def test_rendering_is_deterministic() -> None:
         site_objects(replace(STANDBY, region="region-c")))
 
 
-# -- a returning site ------------------------------------------------------------------------
-
-SITE = "c1@region-a"
-
-
-def active(site: str, epoch: int) -> ActiveSite:
-    return ActiveSite(region=site.split("@")[1], site=site, epoch=epoch)
-
-
-@pytest.mark.parametrize(("role", "epoch", "record", "mode"), [
-    # Its owner returned (a pod restart, a node back before anyone took over).
-    ("primary", 4, active(SITE, 4), StartMode.START_AS_PRIMARY),
-    ("primary", 4, active(SITE, 5), StartMode.START_AS_PRIMARY),
-    ("demoted", 4, active(SITE, 4), StartMode.START_AS_PRIMARY),
-    # Another region took over: the old primary is read for the loss report first.
-    ("primary", 4, active("c1@region-b", 5), StartMode.START_FENCED_FOR_READING),
-    ("fenced", 4, active("c1@region-b", 5), StartMode.START_FENCED_FOR_READING),
-    # A clean handover: nothing past the successor's starting point.
-    ("demoted", 4, active("c1@region-b", 5), StartMode.REBUILD_AS_STANDBY),
-    # A standby is never writable.
-    ("standby", None, active("c1@region-b", 5), StartMode.START_AS_STANDBY),
-    ("standby", None, None, StartMode.START_AS_STANDBY),
-    # Nothing in etcd allows a write; contradictions wait for a person.
-    ("primary", 4, None, StartMode.START_FENCED_FOR_READING),
-    ("primary", 4, active(SITE, 3), StartMode.START_FENCED_FOR_READING),
-    ("primary", 4, active("c1@region-b", 4), StartMode.START_FENCED_FOR_READING),
-    ("fenced", 4, active(SITE, 6), StartMode.START_FENCED_FOR_READING),
-    ("demoted", 4, active("c1@region-b", 3), StartMode.START_FENCED_FOR_READING),
-])
-def test_a_returning_site_starts_writable_only_when_etcd_names_it(
-        role: Any, epoch: int | None, record: ActiveSite | None, mode: StartMode) -> None:
-    decision = returning_start(ReturningSite(SITE, role, epoch), record)
-    assert decision.mode is mode, decision.reason
-    assert SITE in decision.reason or "c1@region-b" in decision.reason
-
-
-@given(role=st.sampled_from(["primary", "standby", "demoted", "fenced"]),
-       epoch=st.none() | st.integers(1, 50), other=st.booleans(), record_epoch=st.integers(1, 50))
-def test_only_the_site_etcd_names_at_its_epoch_or_later_starts_as_primary(
-        role: Any, epoch: int | None, other: bool, record_epoch: int) -> None:
-    holder = "c1@region-b" if other else SITE
-    decision = returning_start(ReturningSite(SITE, role, epoch), active(holder, record_epoch))
-    if decision.mode is StartMode.START_AS_PRIMARY:
-        assert holder == SITE and record_epoch >= (epoch or 0)
-        assert role in ("primary", "demoted")
-
-
 def test_exported_members() -> None:
-    """Every public class and function of the three modules is in __all__, and every name
+    """Every public class and function of the two modules is in __all__, and every name
     there exists (httpx's rule)."""
     import inspect
 
-    from cellplane_operator.domain import returning_site, site_names, site_objects
-    for module in (site_names, site_objects, returning_site):
+    from cellplane_operator.domain import site_names, site_objects
+    for module in (site_names, site_objects):
         public = {name for name, value in vars(module).items()
                   if not name.startswith("_")
                   and (inspect.isclass(value) or inspect.isfunction(value))

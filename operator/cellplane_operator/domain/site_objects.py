@@ -287,7 +287,7 @@ def agent_argv(site: KubernetesSite) -> list[str]:
     reading, rewind or re-clone, and report health and WAL positions. It keeps its own
     record (role, last epoch) under ``--state-dir``, beside ``pgdata/``. On start it
     serves its endpoint but starts no Postgres until the operator has compared that record
-    with etcd (``domain/returning_site.py``): a Pod restarted on a node that returns after
+    with etcd (``domain/failover.site_role``): a Pod restarted on a node that returns after
     a takeover never comes up as a writable primary.
     """
     return ["cellplane", "site", "agent",

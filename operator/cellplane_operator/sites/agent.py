@@ -9,8 +9,8 @@ reading listens on a port of its own that admits the superuser only.
 
 It never starts Postgres on its own. After a restart (the Pod's, on a node that
 returns after a takeover) its record may say ``primary`` while another region
-took over: only the operator, once it has compared that record with etcd
-(``domain/returning_site.py``), says what the site becomes. So nothing here
+took over: only the operator, once it has compared the site's role with etcd's
+active record (``domain/failover.site_role``), says what the site becomes. So nothing here
 runs at start-up; Postgres starts only when an operation (or a status with
 ``restart``) asks for it.
 
