@@ -205,7 +205,8 @@ def test_a_tenant_runs_jobs_through_the_router_service_and_its_quotas_reach_the_
         f"http://cell-{CELL}-{HOME}-api.{NAMESPACE}.svc.cluster.local:8080")
     key = tenant["key"]
     headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "k8s-first-job"}
-    status, answer = http_in_operator(operators, ELSEWHERE, "POST", f"{router_url(ELSEWHERE)}/v1/jobs",
+    status, answer = http_in_operator(operators, ELSEWHERE, "POST",
+                                      f"{router_url(ELSEWHERE)}/v1/jobs",
                                       headers, {"target": "default", "payload": {"n": 1},
                                                 "steps": 2})
     assert status == 202, answer
@@ -320,7 +321,8 @@ def test_losing_the_active_regions_node_promotes_the_standby_pod_and_fences_the_
         await_acks(load, 20)
         killed = time.time()
         operators.kill_node(lost)
-        eventually(cell_serves_from(operators, survivor, before["epoch"]), timeout=180, interval=0.5,
+        eventually(cell_serves_from(operators, survivor, before["epoch"]), timeout=180,
+                   interval=0.5,
                    what=f"{survivor} to take over {CELL}")
         await_acks(load, 10)
         print("\n" + operators.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout)
@@ -451,6 +453,13 @@ def test_a_partitioned_active_region_stops_writing_at_its_deadline_and_is_rebuil
         assert found.last_old_write_at <= found.old_lease_deadline
 
 
+def objects_of(cluster: LocalCluster, cell: str) -> list[str]:
+    """Every workload, Service, claim and Pod of ``cell``'s sites, as ``Kind/name``."""
+    found = cluster.get_json("statefulsets,deployments,services,persistentvolumeclaims,pods",
+                             "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={cell}")
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in found["items"]]
+
+
 def test_deleting_a_cell_removes_its_workloads_and_its_claims_by_policy(
         operators: LocalCluster) -> None:
     name = "kube-c1"
@@ -460,17 +469,40 @@ def test_deleting_a_cell_removes_its_workloads_and_its_claims_by_policy(
                  "capacity": {"tenants": 1, "workerSlots": 2}, "lease": PRODUCT_LEASE,
                  "driver": {"name": "kubernetes", "claimPolicy": "Delete"}}}])
     await_phase(operators, "cell", name, "Ready", timeout=600)
-    kinds = "statefulsets,deployments,services,persistentvolumeclaims,pods"
-
-    def objects() -> list[str]:
-        found = operators.get_json(kinds, "-n", NAMESPACE, "-l",
-                                   f"app.kubernetes.io/instance={name}")
-        return [f"{o['kind']}/{o['metadata']['name']}" for o in found["items"]]
-
-    assert f"PersistentVolumeClaim/data-cell-{name}-{ELSEWHERE}-db-0" in objects()
+    assert f"PersistentVolumeClaim/data-cell-{name}-{ELSEWHERE}-db-0" in objects_of(operators, name)
     operators.kubectl("delete", "cell", name, "--wait=true", "--timeout=120s", timeout=150)
-    eventually(lambda: not objects(), timeout=180, interval=1,
+    eventually(lambda: not objects_of(operators, name), timeout=180, interval=1,
                what=f"every object of {name} gone")
+
+
+def test_a_cell_deleted_while_a_region_is_down_is_collected_there_when_it_returns(
+        operators: LocalCluster, kube_cell: dict[str, Any]) -> None:
+    """The down region is the module cell's standby region, so the module cell keeps
+    serving; its standby is rebuilt afterwards for the tests that follow."""
+    name = "kube-c2"
+    down = next(r for r in (HOME, STANDBY)
+                if r != status_of(operators, "cell", CELL)["activeRegion"])
+    operators.apply([{
+        "apiVersion": "cellplane.io/v1alpha1", "kind": "Cell", "metadata": {"name": name},
+        "spec": {"region": ELSEWHERE, "standbyRegions": [down], "tier": "shared",
+                 "capacity": {"tenants": 1, "workerSlots": 2}, "lease": PRODUCT_LEASE,
+                 "driver": {"name": "kubernetes", "claimPolicy": "Delete"}}}])
+    await_phase(operators, "cell", name, "Ready", timeout=600)
+    on_down_node = f"Pod/cell-{name}-{down}-db-0"
+    eventually(lambda: on_down_node in objects_of(operators, name), timeout=180, interval=1,
+               what=f"{name}'s standby Pod in {down}")
+    operators.kill_node(down)
+    try:
+        operators.kubectl("delete", "cell", name, "--wait=true", "--timeout=120s", timeout=150)
+        # The rest goes at once (owner references); what ran on the lost node waits for it.
+        eventually(lambda: all(f"-{down}-" in o for o in objects_of(operators, name)),
+                   timeout=180, interval=1, what=f"every object of {name} outside {down} gone")
+        assert on_down_node in objects_of(operators, name)
+    finally:
+        operators.start_node(down)
+    eventually(lambda: not objects_of(operators, name), timeout=300, interval=2,
+               what=f"{name}'s objects in {down} collected after its node returned")
+    standby_streams(operators, down, timeout=300)
 
 
 def test_a_tenant_moves_between_two_kubernetes_cells_under_load_within_its_pause(
