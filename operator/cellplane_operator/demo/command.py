@@ -13,7 +13,7 @@ The default driver is ``local``: its regions are processes on this machine, and 
 what `bash hack/demo.sh`, the README's main command, runs. ``--driver kubernetes`` is
 not the default, for it needs root (network namespaces, containerd, kubelets), podman's
 image builds on a first run, and it takes longer than twice the local demo's time: a
-short run took 4 min against 1.5 min locally on the 2-core machine, for the cluster's
+short run took 3 to 4 min against 1.5 min locally on the 2-core machine, for the cluster's
 start, the chart and the Cells' Pods come before the story, and every read of it is a
 `kubectl exec` (docs/kubernetes-driver.md#demo has the measured times). With
 it, the demo starts its own cluster beside any other (its network namespaces have their
