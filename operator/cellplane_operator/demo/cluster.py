@@ -137,11 +137,17 @@ class ClusterStory:
              "-n", self.namespace, "--max-write-pause", str(budget), "--wait",
              "--timeout", "300", "--kubeconfig", str(self.cluster.kubeconfig)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert move.stderr is not None
-        for line in move.stderr:  # the move's progress, as it comes
-            self.timeline.say(f"  move: {line.rstrip()}")
-        name = (move.stdout.read() if move.stdout else "").strip()
-        if move.wait(timeout=60) != 0 or not name:
+        assert move.stderr is not None and move.stdout is not None
+        try:
+            for line in move.stderr:  # the move's progress, as it comes
+                self.timeline.say(f"  move: {line.rstrip()}")
+            name = move.stdout.read().strip()
+            move.wait(timeout=60)
+        finally:  # interrupted: the CLI must not outlive the cluster it watches
+            if move.poll() is None:
+                move.kill()
+                move.wait()
+        if move.returncode != 0 or not name:
             raise DemoFailed(f"cellplane move {moved} --to {target} ended {move.returncode}")
         final = status_of(self.cluster, "tenantmove", name, self.namespace)
         progress = final.get("progress") or {}
