@@ -11,9 +11,10 @@
 
 The default driver is ``local``: its regions are processes on this machine, and it is
 what `bash hack/demo.sh`, the README's main command, runs. ``--driver kubernetes`` is
-not the default, for it needs root (network namespaces, containerd, kubelets), podman's
-image builds on a first run, and it takes longer than twice the local demo's time: a
-short run took 3 to 4 min against 1.5 min locally on the 2-core machine, for the cluster's
+not the default: it needs root (network namespaces, containerd, kubelets), a first run
+builds the operator image with podman, and it takes 1.8 to 2.8 times the
+local demo's time (short runs of 2.5 to 4 min against 1.5 min on the 2-core machine:
+within twice only with its images up to date on a quiet machine), for the cluster's
 start, the chart and the Cells' Pods come before the story, and every read of it is a
 `kubectl exec` (docs/kubernetes-driver.md#demo has the measured times). With
 it, the demo starts its own cluster beside any other (its network namespaces have their
