@@ -355,24 +355,28 @@ class KubernetesSiteDriver:
         async def ready() -> bool:
             return await self._serving_epoch(site) == model.epoch
         if not await _await(ready, SERVE_TIMEOUT):
-            raise SiteError(f"the API and workers of {site.name} under epoch {model.epoch} "
-                            f"are not all Ready after {SERVE_TIMEOUT:.0f}s: kubectl -n "
+            raise SiteError(f"the API of {site.name} under epoch {model.epoch} is not "
+                            f"Ready after {SERVE_TIMEOUT:.0f}s: kubectl -n "
                             f"{model.namespace} describe deployment {model.names.api} "
                             f"{model.names.worker}")
 
     async def _serving_epoch(self, site: SiteKey) -> int | None:
-        """The epoch the site's API and workers all run and are Ready under, or None."""
+        """The epoch the site's API runs and is Ready under, its workers' Deployment made
+        under the same epoch; or None.
+
+        The workers' Pods are not waited for: the API accepts jobs and they wait in the
+        queue, so a takeover publishes the cell as soon as its API serves, not after a
+        worker Pod has started too (on a loaded node, most of the time between promotion
+        and serving). The kubelet starts and restarts the workers; Recreate and the
+        database's epoch fence keep an older epoch's workers from writing meanwhile."""
         names = site_names(site.cell, site.region)
-        epochs = set()
-        for name in (names.api, names.worker):
-            deployment = await self._kube.get(DEPLOYMENTS, name, namespace=self._config.namespace)
-            if deployment is None or not _rolled_out(deployment):
-                return None
-            epochs.add((deployment["metadata"].get("annotations") or {}).get("cellplane.io/epoch"))
-        if len(epochs) != 1:
+        namespace = self._config.namespace
+        api = await self._kube.get(DEPLOYMENTS, names.api, namespace=namespace)
+        workers = await self._kube.get(DEPLOYMENTS, names.worker, namespace=namespace)
+        if api is None or workers is None or not _rolled_out(api):
             return None
-        (epoch,) = epochs
-        return int(epoch) if epoch is not None and epoch.isdigit() else None
+        epoch = _epoch_of(api)
+        return epoch if epoch is not None and _epoch_of(workers) == epoch else None
 
     def _endpoints(self, site: SiteKey) -> SiteEndpoints:
         """The API Service's URLs: routers and the placement leader run in the cluster."""
@@ -459,6 +463,11 @@ def cell_driver_names(kube: KubeClient,
 
 def _driver_spec(cell: Mapping[str, Any]) -> dict[str, Any]:
     return dict((cell.get("spec") or {}).get("driver") or {})
+
+
+def _epoch_of(deployment: Mapping[str, Any]) -> int | None:
+    epoch = (deployment["metadata"].get("annotations") or {}).get("cellplane.io/epoch")
+    return int(epoch) if isinstance(epoch, str) and epoch.isdigit() else None
 
 
 def _rolled_out(deployment: Mapping[str, Any]) -> bool:
