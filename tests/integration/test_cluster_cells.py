@@ -378,13 +378,29 @@ def test_a_deleted_operator_pod_adopts_its_site_under_the_same_epoch(
                           "--grace-period=0", "--force", timeout=120)
         eventually(lambda: any(p["metadata"]["uid"] != pod["metadata"]["uid"] and pod_ready(p)
                                for p in operator_pods(operators, active)),
-                   timeout=300, interval=1, what="the new operator pod Ready")
+                   timeout=300, interval=0.5, what="the new operator pod Ready")
+        back_after = time.time() - deleted
         await_acks(load, 20)
     finally:
         seen = load.stop()
     pause = longest_pause(seen["ack_times"], deleted)
-    print(f"\noperator pod of {active} deleted: longest write pause {pause:.2f} s")
+    print(f"\noperator pod of {active} deleted: Ready again after {back_after:.1f} s, "
+          f"longest write pause {pause:.2f} s")
     after = status_of(operators, "cell", CELL)
+    # The owner key outlives its holder by 8 to 10 s (the lease left since the last
+    # renewal), and a Ready process needs a moment more to adopt (one renewal interval is
+    # allowed). A Pod back only after that cannot adopt: the standby region takes over, as
+    # it should, and that is checked instead of the adoption, which this run of a busy
+    # machine could not exercise.
+    renew = PRODUCT_LEASE["renewIntervalSeconds"]
+    too_late = PRODUCT_LEASE["durationSeconds"] - 2 * renew
+    if after["epoch"] != status["epoch"] and back_after >= too_late:
+        assert after["activeRegion"] != active and after["epoch"] == status["epoch"] + 1
+        assert set(seen["acked"].values()) <= jobs_in(operators, after["activeRegion"],
+                                                      acme["tenantId"])
+        pytest.skip(f"the new operator Pod of {active} was Ready {back_after:.1f} s after the "
+                    f"deletion, when its lease had run out: {after['activeRegion']} took "
+                    f"over (nothing acknowledged lost) and adoption was not exercised")
     assert (after["activeRegion"], after["epoch"]) == (active, status["epoch"])
     # The site was adopted, not restarted: the same API Pods serve.
     assert api_pods() == serving_before
@@ -417,8 +433,10 @@ def test_helm_upgrade_of_the_running_install_loses_nothing_and_serves_again(
     now = {p["metadata"]["uid"] for region in operators.plan.regions
            for p in operator_pods(operators, region)}
     assert not now & chart_pods  # every operator Pod was replaced
-    assert after["activeRegion"] == status["activeRegion"]
-    assert after["epoch"] in (status["epoch"], status["epoch"] + 1)
+    # Adopted under the same epoch, or (a restart longer than the lease) taken again under
+    # the next one, by whichever of the cell's regions came back first.
+    assert (after["activeRegion"], after["epoch"]) == (status["activeRegion"], status["epoch"]) \
+        or (after["activeRegion"] in (HOME, STANDBY) and after["epoch"] == status["epoch"] + 1)
     assert set(seen["acked"].values()) <= jobs_in(operators, after["activeRegion"],
                                                   acme["tenantId"])
 
