@@ -6,7 +6,8 @@ any other region is down). The cluster tests and ``benchmarks/cluster_failover.p
 The load generator submits jobs one after another through a router Service, each retried
 under its own Idempotency-Key until it is acknowledged, and keeps what it saw: every
 acknowledged key with its job and the time (the node's clock is the machine's), every
-failed attempt, and how many attempts failed for each reason (status and body, or error). The target answers every step 200 and keeps each call's idempotency key.
+failed attempt, and how many attempts failed for each reason (status and body, or
+error). The target answers every step 200 and keeps each call's idempotency key.
 """
 
 from __future__ import annotations
