@@ -50,16 +50,19 @@ _ROUND_PAUSE_SECONDS = 0.1
 
 # A member cut off by a partition (or frozen) keeps its TCP connections open and
 # answers nothing, so a watch on it would wait forever for events that now land on
-# the other members. gRPC keepalive pings, sent while a call is open, end such a
-# stream within about 9 s, and the watch moves to the next member. etcd refuses
-# pings closer than 5 s (--grpc-keepalive-min-time), hence 6 s; gRPC's default of
-# two pings without data would stop them on a quiet watch, hence no limit. grpcio
-# 1.85 waits for a ping's answer for ping_timeout (1 min by default), not for the
-# keepalive timeout, so both are set.
-_CHANNEL_OPTIONS = {
+# the other members. Watches therefore run on channels of their own with gRPC
+# keepalive: pings while the watch is open end such a stream within about 11 s, and
+# the watch moves to the next member from the revision it reached. Only watches: a
+# ping a slow but live member answers late would close the whole channel, and on the
+# channel of requests and lease keep-alives that costs a renewal (a self-fence on a
+# busy machine), where a watch just resumes elsewhere. etcd refuses pings closer than
+# 5 s (--grpc-keepalive-min-time), hence 6 s; gRPC's default of two pings without
+# data would stop them on a quiet watch, hence no limit; grpcio 1.85 waits for a
+# ping's answer for ping_timeout (1 min by default), so that is set too.
+_WATCH_CHANNEL_OPTIONS = {
     "grpc.keepalive_time_ms": 6_000,
-    "grpc.keepalive_timeout_ms": 3_000,
-    "grpc.http2.ping_timeout_ms": 3_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+    "grpc.http2.ping_timeout_ms": 5_000,
     "grpc.keepalive_permit_without_calls": 0,
     "grpc.http2.max_pings_without_data": 0,
 }
@@ -79,6 +82,7 @@ class EtcdStore:
         self._timeout = timeout
         self._attempt_timeout = min(attempt_timeout, timeout)
         self._clients: dict[str, aetcd.Client] = {}
+        self._watch_clients: dict[str, aetcd.Client] = {}
         self._current = 0
 
     @property
@@ -86,12 +90,19 @@ class EtcdStore:
         return self._endpoints[self._current]
 
     def _client(self, endpoint: str) -> aetcd.Client:
-        client = self._clients.get(endpoint)
+        return self._cached_client(self._clients, endpoint, {})
+
+    def _watch_client(self, endpoint: str) -> aetcd.Client:
+        return self._cached_client(self._watch_clients, endpoint, _WATCH_CHANNEL_OPTIONS)
+
+    def _cached_client(self, clients: dict[str, aetcd.Client], endpoint: str,
+                       options: dict[str, int]) -> aetcd.Client:
+        client = clients.get(endpoint)
         if client is None:
             host, _, port = endpoint.rpartition(":")
             client = aetcd.Client(host=host, port=int(port), timeout=self._timeout,
-                                  options=dict(_CHANNEL_OPTIONS))
-            self._clients[endpoint] = client
+                                  options=dict(options))
+            clients[endpoint] = client
         return client
 
     def _next_member(self) -> None:
@@ -237,7 +248,8 @@ class EtcdStore:
             endpoint = self.current_endpoint
             watch = None
             try:
-                watch = await self._client(endpoint).watch_prefix(key, start_revision=next_revision)
+                watch = await self._watch_client(endpoint).watch_prefix(
+                    key, start_revision=next_revision)
                 async for event in watch:
                     deleted = str(getattr(event.kind, "value", event.kind)) == "DELETE"
                     revision = int(event.kv.mod_revision)
@@ -256,8 +268,9 @@ class EtcdStore:
                         await asyncio.shield(watch.cancel())
 
     async def close(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
+        clients = [*self._clients.values(), *self._watch_clients.values()]
+        self._clients, self._watch_clients = {}, {}
+        for client in clients:
             try:
                 await client.close()
             except Exception:  # closing a channel to a dead member must not mask anything
