@@ -395,12 +395,14 @@ def test_a_deleted_operator_pod_adopts_its_site_under_the_same_epoch(
     renew = PRODUCT_LEASE["renewIntervalSeconds"]
     too_late = PRODUCT_LEASE["durationSeconds"] - 2 * renew
     if after["epoch"] != status["epoch"] and back_after >= too_late:
-        assert after["activeRegion"] != active and after["epoch"] == status["epoch"] + 1
+        # Whichever of the cell's regions acquired the lease first after it ran out.
+        assert after["activeRegion"] in (HOME, STANDBY) and after["epoch"] > status["epoch"]
         assert set(seen["acked"].values()) <= jobs_in(operators, after["activeRegion"],
                                                       acme["tenantId"])
         pytest.skip(f"the new operator Pod of {active} was Ready {back_after:.1f} s after the "
-                    f"deletion, when its lease had run out: {after['activeRegion']} took "
-                    f"over (nothing acknowledged lost) and adoption was not exercised")
+                    f"deletion, when its lease had run out: {after['activeRegion']} took the "
+                    f"cell at epoch {after['epoch']} (nothing acknowledged lost) and adoption "
+                    f"was not exercised")
     assert (after["activeRegion"], after["epoch"]) == (active, status["epoch"])
     # The site was adopted, not restarted: the same API Pods serve.
     assert api_pods() == serving_before
