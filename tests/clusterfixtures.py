@@ -197,6 +197,18 @@ def await_phase(cluster: LocalCluster, kind: str, name: str, phase: str, *,
     return dict(seen)
 
 
+def delete_cells_once_empty(cluster: LocalCluster, *names: str, timeout: float = 300) -> None:
+    """Deletes cells whose tenants were just deleted. The deletion guard reads the cell's
+    status.tenants, which the placement leader lowers a moment after the tenants go:
+    the DELETE is sent once every cell says it is empty (or is gone)."""
+    def empty() -> bool:
+        return all(not status_of(cluster, "cell", name).get("tenants") for name in names)
+
+    eventually(empty, timeout=timeout, interval=1, what=f"cells {', '.join(names)} to be empty")
+    cluster.kubectl("delete", "cells", *names, "--ignore-not-found", "--wait=true",
+                    f"--timeout={int(timeout)}s", timeout=timeout + 30)
+
+
 def operator_logs(cluster: LocalCluster, lines: int = 60) -> str:
     return "\n".join(
         f"--- operator of {region} ---\n" + cluster.kubectl(

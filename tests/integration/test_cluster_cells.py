@@ -23,6 +23,7 @@ import pytest
 from clusterfixtures import (
     api_key,
     await_phase,
+    delete_cells_once_empty,
     eventually,
     http_in_operator,
     in_operator,
@@ -132,8 +133,7 @@ def kube_cell(operators: LocalCluster, namespace: str) -> Iterator[dict[str, Any
     yield status
     operators.kubectl("delete", "tenants", "--all", "-n", namespace, "--wait=true",
                       "--timeout=300s", timeout=330)
-    operators.kubectl("delete", "cells", CELL, MOVE_DESTINATION, "--ignore-not-found",
-                      "--wait=true", "--timeout=300s", timeout=330)
+    delete_cells_once_empty(operators, CELL, MOVE_DESTINATION)
 
 
 def test_a_kubernetes_cell_runs_a_database_pod_per_region_and_serves_from_its_home(
