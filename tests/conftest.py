@@ -149,6 +149,12 @@ def target() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def etcd1(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
+    """A single-member etcd and nothing else."""
+    yield from _run_plane(request, LocalPlaneConfig(regions=("region-a",), with_apiserver=False))
+
+
 @pytest.fixture
 def etcd3(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
     """A 3-member etcd cluster, one member per region, and nothing else."""

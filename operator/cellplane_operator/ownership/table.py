@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cellplane_operator.domain.failover import ActiveSite, Handover
 from cellplane_operator.domain.ownership import OwnerRecord
 from cellplane_operator.errors import StoreUnavailableError
-from cellplane_operator.store import Compare, Delete, EtcdStore, Put
+from cellplane_operator.store import Compare, Delete, KeyValueStore, Put
 
 __all__ = ["OwnershipTable", "GroupView", "GROUPS_PREFIX"]
 
@@ -40,7 +40,7 @@ class GroupView:
 
 
 class OwnershipTable:
-    def __init__(self, store: EtcdStore, *, prefix: str = GROUPS_PREFIX) -> None:
+    def __init__(self, store: KeyValueStore, *, prefix: str = GROUPS_PREFIX) -> None:
         self.store = store
         self._prefix = prefix
 

@@ -18,7 +18,7 @@ from cellplane_operator.domain.ownership import LeaseSettings, OwnerRecord, Role
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.ownership import LeaseHolder, OwnershipTable
 from cellplane_operator.ownership.holder import HolderIdentity
-from cellplane_operator.store import Compare, EtcdStore
+from cellplane_operator.store import Compare, KeyValueStore
 
 __all__ = ["Leadership", "NotLeaderError", "ELECTIONS_PREFIX"]
 
@@ -33,7 +33,7 @@ class NotLeaderError(CellplaneError):
 
 
 class Leadership:
-    def __init__(self, store: EtcdStore, *, region: str, member: str, settings: LeaseSettings,
+    def __init__(self, store: KeyValueStore, *, region: str, member: str, settings: LeaseSettings,
                  clock: MonotonicClock) -> None:
         self._table = OwnershipTable(store, prefix=ELECTIONS_PREFIX)
         self._identity = HolderIdentity(_GROUP, region, member)

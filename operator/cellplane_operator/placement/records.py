@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from cellplane_operator.errors import StoreUnavailableError
 from cellplane_operator.metrics import placement_written
-from cellplane_operator.store import Compare, Delete, EtcdStore, Put
+from cellplane_operator.store import Compare, Delete, KeyValueStore, Put
 
 __all__ = ["TenantKey", "PlacementRecord", "PlacementRecords", "TENANTS_PREFIX"]
 
@@ -79,7 +79,7 @@ class Stored(NamedTuple):
 
 
 class PlacementRecords:
-    def __init__(self, store: EtcdStore, *, prefix: str = TENANTS_PREFIX) -> None:
+    def __init__(self, store: KeyValueStore, *, prefix: str = TENANTS_PREFIX) -> None:
         self._store = store
         self._prefix = prefix
 

@@ -13,7 +13,7 @@ import logging
 
 from cellplane_operator.domain.routing import PlacementMap
 from cellplane_operator.errors import StoreError
-from cellplane_operator.store import EtcdStore
+from cellplane_operator.store import KeyValueStore
 
 __all__ = ["PlacementWatcher"]
 
@@ -23,7 +23,7 @@ _PREFIX = "/cellplane/"
 
 
 class PlacementWatcher:
-    def __init__(self, store: EtcdStore) -> None:
+    def __init__(self, store: KeyValueStore) -> None:
         self._store = store
         self.map = PlacementMap()
         self._changed = asyncio.Condition()

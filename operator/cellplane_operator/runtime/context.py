@@ -17,7 +17,7 @@ from cellplane_operator.runtime.kubewrites import EventSender
 from cellplane_operator.settings import OperatorSettings
 from cellplane_operator.sites.base import SiteDriver
 from cellplane_operator.sites.reports import SiteReports
-from cellplane_operator.store import EtcdStore
+from cellplane_operator.store import KeyValueStore
 
 __all__ = ["RegionContext", "FINALIZER", "COMPONENT"]
 
@@ -30,7 +30,7 @@ COMPONENT = "cellplane-operator"
 @dataclass
 class RegionContext:
     settings: OperatorSettings
-    store: EtcdStore
+    store: KeyValueStore
     kube: KubeClient
     driver: SiteDriver
     clock: Clock

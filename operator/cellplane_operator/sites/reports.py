@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from cellplane_operator.domain.failover import TakeoverRecord
 from cellplane_operator.sites.base import DatabaseEndpoint, SiteEndpoints
-from cellplane_operator.store import EtcdStore
+from cellplane_operator.store import KeyValueStore
 
 __all__ = ["SiteReport", "SiteReports", "CELLS_PREFIX"]
 
@@ -55,7 +55,7 @@ class SiteReport:
 
 
 class SiteReports:
-    def __init__(self, store: EtcdStore, *, prefix: str = CELLS_PREFIX) -> None:
+    def __init__(self, store: KeyValueStore, *, prefix: str = CELLS_PREFIX) -> None:
         self._store = store
         self._prefix = prefix
 

@@ -1,8 +1,10 @@
-"""The interface every ownership-table store offers."""
+"""The interface every ownership-table store offers: the reads, transactions, leases and
+watches that the ownership table, the placement records, the election and the routers use."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Literal, Protocol
 
 __all__ = ["KeyValueStore", "VersionedValue", "Compare", "Put", "Delete", "WatchEvent"]
@@ -51,8 +53,20 @@ class WatchEvent:
 
 
 class KeyValueStore(Protocol):
+    """Linearizable keys with etcd's revisions, transactions, leases and watches.
+
+    A store that cannot confirm an operation in time raises ``StoreUnavailableError``
+    (the outcome of a write is then unknown); a refusal raises ``StoreError``.
+    """
+
     async def get(self, key: str) -> VersionedValue | None:
         """The key's value, read linearizably, or None if absent."""
+
+    async def get_prefix(self, prefix: str) -> dict[str, VersionedValue]:
+        """Every key under ``prefix`` with its value, read at one revision."""
+
+    async def read(self, *keys: str) -> dict[str, VersionedValue | None]:
+        """Several keys read at one revision."""
 
     async def put(self, key: str, value: bytes) -> int:
         """Writes unconditionally; returns the revision of the write."""
@@ -62,5 +76,23 @@ class KeyValueStore(Protocol):
 
     async def delete(self, key: str) -> bool:
         """Deletes the key; True if it existed."""
+
+    async def transaction(self, compares: Sequence[Compare], success: Sequence[Put | Delete], *,
+                          what: str) -> bool:
+        """All ``success`` operations at one revision if every compare holds; True if they ran.
+        ``what`` names the transaction in errors."""
+
+    async def grant_lease(self, ttl_seconds: int) -> tuple[int, int]:
+        """A new lease; returns (lease id, granted TTL in seconds)."""
+
+    async def keep_alive(self, lease_id: int) -> int:
+        """Renews the lease once; returns its TTL from now (<= 0: it had expired)."""
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        """Ends the lease and deletes its keys; an unknown lease is no error."""
+
+    def watch_prefix(self, prefix: str, *, start_revision: int | None = None
+                     ) -> AsyncIterator[WatchEvent]:
+        """Events under ``prefix`` from ``start_revision`` (or from now), forever."""
 
     async def close(self) -> None: ...
