@@ -18,7 +18,8 @@ from typing import Any
 
 from cellplane_operator.domain.reconciliation import ReconciliationReport, fit_report
 from cellplane_operator.errors import KubeConflictError
-from cellplane_operator.kube import CONFIGMAPS, KubeClient
+from cellplane_operator.kube import CONFIGMAPS
+from cellplane_operator.kube.base import KubeApi
 from cellplane_operator.reconcile.reader import ReconciliationError
 
 __all__ = ["ReportStore", "CELL_LABEL", "REPORT_LABEL", "EPOCH_LABEL", "REPORT_FILE_ANNOTATION",
@@ -34,7 +35,7 @@ CONFIGMAP_REPORT_BYTES = 900 * 1024
 
 
 class ReportStore:
-    def __init__(self, kube: KubeClient, namespace: str, directory: Path | None) -> None:
+    def __init__(self, kube: KubeApi, namespace: str, directory: Path | None) -> None:
         """``directory`` None: a store that reads ConfigMaps and saves no file (the CLI)."""
         self._kube = kube
         self._namespace = namespace

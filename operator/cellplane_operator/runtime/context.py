@@ -11,7 +11,8 @@ from typing import Any, Literal
 from cellplane_operator.cellclient import CellAdminClient
 from cellplane_operator.clock import Clock
 from cellplane_operator.errors import CellplaneError, KubeApiError, KubeConflictError
-from cellplane_operator.kube import NAMESPACES, SECRETS, KubeClient, Resource
+from cellplane_operator.kube import NAMESPACES, SECRETS, Resource
+from cellplane_operator.kube.base import KubeApi
 from cellplane_operator.runtime.cache import ObjectCache
 from cellplane_operator.runtime.kubewrites import EventSender
 from cellplane_operator.settings import OperatorSettings
@@ -31,7 +32,7 @@ COMPONENT = "cellplane-operator"
 class RegionContext:
     settings: OperatorSettings
     store: KeyValueStore
-    kube: KubeClient
+    kube: KubeApi
     driver: SiteDriver
     clock: Clock
     cells: CellAdminClient

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cellplane_operator.errors import CellplaneError, KubeApiError, KubeNotFoundError
-from cellplane_operator.kube import KubeClient
+from cellplane_operator.kube.base import KubeApi
 
 __all__ = ["EventSender", "PendingWrites", "RETRY_FIRST_SECONDS", "RETRY_CEILING_SECONDS"]
 
@@ -59,7 +59,7 @@ class _Event:
 class EventSender:
     """Posts Events in the order they were recorded, from a task of its own."""
 
-    def __init__(self, kube: KubeClient, *, component: str,
+    def __init__(self, kube: KubeApi, *, component: str,
                  limit: int = EVENT_QUEUE_LIMIT) -> None:
         self._kube = kube
         self._component = component

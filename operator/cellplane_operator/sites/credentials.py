@@ -24,7 +24,8 @@ from typing import Protocol
 
 from cellplane_cells.roles import PROCESS_ROLES
 from cellplane_operator.errors import CellplaneError, KubeConflictError, SiteError
-from cellplane_operator.kube import NAMESPACES, SECRETS, KubeClient
+from cellplane_operator.kube import NAMESPACES, SECRETS
+from cellplane_operator.kube.base import KubeApi
 from cellplane_operator.localplane.pgauth import REPLICATION_ROLE, new_password
 from cellplane_operator.localplane.postgres import SUPERUSER
 
@@ -115,9 +116,9 @@ class SecretCredentials:
     wins the race (the create conflicts, and it is read). Read and create only, as the
     chart's RBAC allows for Secrets."""
 
-    def __init__(self, kube: Callable[[], KubeClient], namespace: str) -> None:
+    def __init__(self, kube: Callable[[], KubeApi], namespace: str) -> None:
         self._make_kube = kube
-        self._kube: KubeClient | None = None
+        self._kube: KubeApi | None = None
         self._namespace = namespace
 
     async def cell_credentials(self, cell: str) -> DatabaseCredentials:

@@ -46,7 +46,8 @@ from cellplane_operator.domain.site_objects import (
     warm_api_objects,
 )
 from cellplane_operator.errors import CellplaneError, KubeConflictError, SiteError
-from cellplane_operator.kube import CELLS, SECRETS, KubeClient
+from cellplane_operator.kube import CELLS, SECRETS
+from cellplane_operator.kube.base import KubeApi
 from cellplane_operator.kube.client import DEPLOYMENTS, PODS, STATEFULSETS, resource_of
 from cellplane_operator.localplane.postgres import SUPERUSER
 from cellplane_operator.sites.agent_client import AgentEndpoint, SiteAgentClient
@@ -113,7 +114,7 @@ class _Site:
 class KubernetesSiteDriver:
     """``SiteDriver`` with Kubernetes objects (see ``sites/base.py``)."""
 
-    def __init__(self, kube: KubeClient, config: KubernetesDriverConfig, *,
+    def __init__(self, kube: KubeApi, config: KubernetesDriverConfig, *,
                  credentials: CredentialSource, state_dir: Path) -> None:
         self._kube = kube
         self._config = config
@@ -447,7 +448,7 @@ class KubernetesSiteDriver:
         return self._locks.setdefault(site.name, asyncio.Lock())
 
 
-def cell_driver_names(kube: KubeClient,
+def cell_driver_names(kube: KubeApi,
                       namespace: str) -> Callable[[SiteKey], Awaitable[str | None]]:
     """For ``sites.dispatch``: a site's Cell's ``spec.driver.name``; for a Cell already gone,
     ``kubernetes`` when the site's StatefulSet exists in ``namespace``, else None."""
