@@ -197,7 +197,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from cellplane_operator.failover_cli import add_failover_commands
     from cellplane_operator.move_cli import add_move_command
-    from cellplane_operator.reconcile.cli import add_report_command
+    from cellplane_operator.lossreport.cli import add_report_command
 
     add_failover_commands(commands)
     add_move_command(commands)

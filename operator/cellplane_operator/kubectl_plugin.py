@@ -29,7 +29,7 @@ from cellplane_operator.errors import CellplaneError
 from cellplane_operator.failover_cli import add_failover_commands
 from cellplane_operator.kube import CELLS, SECRETS, TENANTS, KubeClient, KubeConfig
 from cellplane_operator.move_cli import add_move_command
-from cellplane_operator.reconcile.cli import add_report_command
+from cellplane_operator.lossreport.cli import add_report_command
 
 __all__ = ["main", "build_parser", "parse_args", "status_summary", "render_status", "tenant_not_ready",
            "fence_shown"]

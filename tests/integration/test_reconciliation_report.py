@@ -41,18 +41,18 @@ from cellplane_operator.domain.reconciliation import (
     ReconciliationReport,
     SiteSnapshot,
     lsn_to_int,
-    reconcile,
+    compare_sites,
 )
 from cellplane_operator.errors import KubeConflictError
 from cellplane_operator.kube import CONFIGMAPS, NAMESPACES, KubeClient, KubeConfig
 from cellplane_operator.localplane import LocalControlPlane
-from cellplane_operator.reconcile import (
+from cellplane_operator.lossreport import (
     ReconciliationError,
     ReportStore,
     build_report,
     read_fork_lsn,
 )
-from cellplane_operator.reconcile.cli import add_report_command, run_report
+from cellplane_operator.lossreport.cli import add_report_command, run_report
 from cellplane_operator.sites import DatabaseEndpoint, SiteKey
 from sitefixtures import Sites, run_sites
 
@@ -242,7 +242,7 @@ def _sample(cell: str, epoch: int, *, lost_jobs: int) -> ReconciliationReport:
             for n in range(1, lost_jobs + 1)]
     ledger = [LedgerRow("acme", job.job_id, "reserve", 100, SAMPLE_TIME) for job in jobs]
     keys = [IdempotencyKeyRow("acme", f"order-{n}", job.job_id) for n, job in enumerate(jobs)]
-    return reconcile(SiteSnapshot.of(jobs=jobs, ledger=ledger, idempotency_keys=keys),
+    return compare_sites(SiteSnapshot.of(jobs=jobs, ledger=ledger, idempotency_keys=keys),
                      SiteSnapshot(), cell=cell, epoch=epoch, old_site=f"{cell}@region-a",
                      new_site=f"{cell}@region-b", fork_lsn="0/3016038", old_end_lsn="0/3017000",
                      old_lease_deadline=SAMPLE_TIME, created_at=SAMPLE_TIME)

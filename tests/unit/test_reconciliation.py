@@ -27,7 +27,7 @@ from cellplane_operator.domain.reconciliation import (
     fork_point,
     lsn_to_int,
     parse_timeline_history,
-    reconcile,
+    compare_sites,
 )
 
 T0 = datetime.datetime(2026, 11, 29, 8, 0, 0, tzinfo=datetime.timezone.utc)
@@ -66,7 +66,7 @@ def report_of(old: SiteSnapshot, new: SiteSnapshot, **overrides: object) -> Reco
         fork_lsn="0/3016038", old_end_lsn="0/30160A0", old_lease_deadline=at(60),
         created_at=at(120))
     arguments.update(overrides)
-    return reconcile(old, new, **arguments)  # type: ignore[arg-type]
+    return compare_sites(old, new, **arguments)  # type: ignore[arg-type]
 
 
 # Replicated before the fork: job 1 with its reservation, event and key.

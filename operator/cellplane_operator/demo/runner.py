@@ -32,7 +32,7 @@ from cellplane_operator.demo.timeline import DemoFailed, Timeline, await_conditi
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS, SECRETS, TENANTMOVES, TENANTS
 from cellplane_operator.move_cli import render_progress
-from cellplane_operator.reconcile.store import ReportStore
+from cellplane_operator.lossreport.store import ReportStore
 
 __all__ = ["DemoRun"]
 

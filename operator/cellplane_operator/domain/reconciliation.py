@@ -37,7 +37,7 @@ __all__ = [
     "LostCounts",
     "ReconciliationReport",
     "TimelineSwitch",
-    "reconcile",
+    "compare_sites",
     "fit_report",
     "lsn_to_int",
     "parse_timeline_history",
@@ -326,10 +326,10 @@ class ReconciliationReport:
 # -- the comparison ------------------------------------------------------------------------
 
 
-def reconcile(old: SiteSnapshot, new: SiteSnapshot, *, cell: str, epoch: int, old_site: str,
-              new_site: str, fork_lsn: str, old_end_lsn: str,
-              old_lease_deadline: datetime.datetime | None,
-              created_at: datetime.datetime) -> ReconciliationReport:
+def compare_sites(old: SiteSnapshot, new: SiteSnapshot, *, cell: str, epoch: int, old_site: str,
+                  new_site: str, fork_lsn: str, old_end_lsn: str,
+                  old_lease_deadline: datetime.datetime | None,
+                  created_at: datetime.datetime) -> ReconciliationReport:
     """What ``old`` holds that ``new`` lacks, by natural key; rows only ``new`` has are not
     losses (the new primary kept serving)."""
     key_of = {job_id: row.key for job_id, row in old.idempotency_keys.items()}

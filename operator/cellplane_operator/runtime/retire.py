@@ -25,8 +25,8 @@ from typing import Any
 from cellplane_operator.domain.reconciliation import ReconciliationReport
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS
-from cellplane_operator.reconcile.reader import build_report
-from cellplane_operator.reconcile.store import ReportStore
+from cellplane_operator.lossreport.reader import build_report
+from cellplane_operator.lossreport.store import ReportStore
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.sites.base import SiteKey
 from cellplane_operator.sites.reports import SiteReport

@@ -17,7 +17,7 @@ from typing import IO
 
 from cellplane_operator.domain.reconciliation import ReconciliationReport
 from cellplane_operator.kube import KubeClient, KubeConfig
-from cellplane_operator.reconcile.store import ReportStore
+from cellplane_operator.lossreport.store import ReportStore
 
 __all__ = ["add_report_command", "run_report"]
 

@@ -26,7 +26,7 @@ from cellplane_operator.domain.reconciliation import (
     SiteSnapshot,
     fork_point,
     parse_timeline_history,
-    reconcile,
+    compare_sites,
 )
 from cellplane_operator.errors import CellplaneError
 
@@ -141,7 +141,7 @@ def build_report(old_conninfo: str, new_conninfo: str, *, cell: str, epoch: int,
             raise ReconciliationError(f"{_where(where)} holds cell {snapshot.cell!r}, "
                                       f"not {cell!r}")
     assert new.read_at is not None
-    return reconcile(old, new, cell=cell, epoch=epoch, old_site=old_site, new_site=new_site,
+    return compare_sites(old, new, cell=cell, epoch=epoch, old_site=old_site, new_site=new_site,
                      fork_lsn=fork_lsn, old_end_lsn=old_end_lsn,
                      old_lease_deadline=old_lease_deadline, created_at=new.read_at)
 

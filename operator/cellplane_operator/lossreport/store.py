@@ -20,7 +20,7 @@ from cellplane_operator.domain.reconciliation import ReconciliationReport, fit_r
 from cellplane_operator.errors import KubeConflictError
 from cellplane_operator.kube import CONFIGMAPS
 from cellplane_operator.kube.base import KubeApi
-from cellplane_operator.reconcile.reader import ReconciliationError
+from cellplane_operator.lossreport.reader import ReconciliationError
 
 __all__ = ["ReportStore", "CELL_LABEL", "REPORT_LABEL", "EPOCH_LABEL", "REPORT_FILE_ANNOTATION",
            "CONFIGMAP_REPORT_BYTES"]
