@@ -1,5 +1,5 @@
 import sys
 
-from cellplane_operator.cli import main
+from cellplane_operator.commands.main import main
 
 sys.exit(main())

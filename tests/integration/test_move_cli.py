@@ -15,7 +15,7 @@ import pytest
 
 from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
-from cellplane_operator.move_cli import add_move_command, run_move
+from cellplane_operator.commands.move import add_move_command, run_move
 
 NAMESPACE = "move-cli"
 STAMP = "2026-01-01T00:00:00Z"

@@ -52,7 +52,7 @@ from cellplane_operator.lossreport import (
     build_report,
     read_fork_lsn,
 )
-from cellplane_operator.lossreport.cli import add_report_command, run_report
+from cellplane_operator.commands.report import add_report_command, run_report
 from cellplane_operator.sites import DatabaseEndpoint, SiteKey
 from sitefixtures import Sites, run_sites
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cellplane_operator.kubectl_plugin import (
+from cellplane_operator.commands.kubectl import (
     fence_shown,
     main,
     parse_args,

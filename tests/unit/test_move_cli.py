@@ -9,15 +9,14 @@ from typing import Any
 
 import pytest
 
-from cellplane_operator.move_cli import (
+from cellplane_operator.commands.move import (
     add_move_command,
-    ending_reason,
     move_name,
     HostUnresolved,
     move_refusal,
-    render_progress,
     run_move,
 )
+from cellplane_operator.domain.move_progress import ending_reason, render_progress
 
 
 def progress(**fields: Any) -> dict[str, Any]:

@@ -207,7 +207,7 @@ def _documented_options(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def _cellplane_commands() -> dict[str, argparse.ArgumentParser]:
-    from cellplane_operator.cli import _parser
+    from cellplane_operator.commands.main import _parser
 
     return {path: parser for path, parser in _commands(_parser(), "cellplane")
             if _documented_options(parser) or not any(

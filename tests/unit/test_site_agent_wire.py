@@ -17,7 +17,7 @@ from cellplane_operator.domain.site_objects import (
 from cellplane_operator.errors import AgentWireError, CellplaneError
 from cellplane_operator.localplane.pgauth import SCRAM_HBA, scram_hba
 from cellplane_operator.sites import agent_wire as wire
-from cellplane_operator.sites.agent_cli import add_site_commands, parse_listen
+from cellplane_operator.commands.agent import add_site_commands, parse_listen
 from cellplane_operator.sites.agent_http import TokenFile
 from cellplane_operator.sites.agent_wire import AgentEndpoint, AgentStatus
 from cellplane_operator.sites.database import READING_HBA, SiteNetwork, reading_tcp_hba

@@ -31,7 +31,7 @@ from cellplane_operator.demo.summary import (DemoSummary, MoveOutcome, RegionLos
 from cellplane_operator.demo.timeline import DemoFailed, Timeline, await_condition, counts_grown
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS, SECRETS, TENANTMOVES, TENANTS
-from cellplane_operator.move_cli import render_progress
+from cellplane_operator.domain.move_progress import render_progress
 from cellplane_operator.lossreport.store import ReportStore
 
 __all__ = ["DemoRun"]

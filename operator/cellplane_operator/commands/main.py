@@ -148,11 +148,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --cluster: the cluster alone, with cellplane's CRDs but not "
                          "the chart")
     up.set_defaults(run=_run_local_up)
-    from cellplane_operator.localplane.cluster_cli import add_cluster_commands
+    from cellplane_operator.commands.cluster import add_cluster_commands
 
     add_cluster_commands(local_commands)
 
-    from cellplane_operator.demo import add_demo_command
+    from cellplane_operator.commands.demo import add_demo_command
 
     add_demo_command(commands)
 
@@ -195,9 +195,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="how long a request waits for a cell without an owner before 503")
     router.set_defaults(run=_run_router)
 
-    from cellplane_operator.failover_cli import add_failover_commands
-    from cellplane_operator.move_cli import add_move_command
-    from cellplane_operator.lossreport.cli import add_report_command
+    from cellplane_operator.commands.failover import add_failover_commands
+    from cellplane_operator.commands.move import add_move_command
+    from cellplane_operator.commands.report import add_report_command
 
     add_failover_commands(commands)
     add_move_command(commands)
@@ -206,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     from cellplane_cells.cli import add_cell_commands
 
     add_cell_commands(commands)
-    from cellplane_operator.sites.agent_cli import add_site_commands
+    from cellplane_operator.commands.agent import add_site_commands
 
     add_site_commands(commands)
     return parser
@@ -472,7 +472,7 @@ def _run_local_up(args: argparse.Namespace) -> int:
 
     regions = tuple(r.strip() for r in args.regions.split(",") if r.strip())
     if args.cluster:
-        from cellplane_operator.localplane.cluster_cli import run_cluster_up
+        from cellplane_operator.commands.cluster import run_cluster_up
 
         return run_cluster_up(regions, args.state, _wait_for_interrupt,
                               operators=not args.no_operators)

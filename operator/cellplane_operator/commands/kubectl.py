@@ -26,10 +26,10 @@ from typing import IO, Any
 from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.fencing import FENCED, annotation_value, requested_fence
 from cellplane_operator.errors import CellplaneError
-from cellplane_operator.failover_cli import add_failover_commands
+from cellplane_operator.commands.failover import add_failover_commands
 from cellplane_operator.kube import CELLS, SECRETS, TENANTS, KubeClient, KubeConfig
-from cellplane_operator.move_cli import add_move_command
-from cellplane_operator.lossreport.cli import add_report_command
+from cellplane_operator.commands.move import add_move_command
+from cellplane_operator.commands.report import add_report_command
 
 __all__ = ["main", "build_parser", "parse_args", "status_summary", "render_status", "tenant_not_ready",
            "fence_shown"]
