@@ -179,7 +179,9 @@ class ExecLogin:
             raise LoginError(self._not_found(f"cannot run it: {error}")) from None
         self.runs += 1
         if output.returncode != 0:
-            tail = output.stderr.decode(errors="replace").strip()[-_STDERR_TAIL:]
+            tail = output.stderr.decode(errors="replace").strip()
+            if len(tail) > _STDERR_TAIL:  # its last lines, whole
+                tail = "..." + tail[-_STDERR_TAIL:].partition("\n")[2]
             raise LoginError(f"user {user!r}: exec plugin {plugin.command!r} exited with "
                              f"status {output.returncode}: {tail or '(no stderr)'}")
         return self._parse(output.stdout)
