@@ -177,7 +177,7 @@ async def test_a_token_file_rotated_while_the_client_runs_is_used(
             first = path.read_text().strip()
             path.write_text(token(kube, bound_secret="rotation-2") + "\n")
             assert await admin.delete(SECRETS, "rotation-1", namespace=account)
-            await refused(kube, first)
+            await refused(kube, first, tmp_path)
             assert await client.get(SECRETS, "rotation-2", namespace=account) is not None
         finally:
             await client.close()
@@ -185,9 +185,10 @@ async def test_a_token_file_rotated_while_the_client_runs_is_used(
         await admin.close()
 
 
-async def refused(kube: LocalControlPlane, stale: str, *, seconds: float = 30) -> None:
+async def refused(kube: LocalControlPlane, stale: str, folder: Path, *,
+                  seconds: float = 30) -> None:
     """Until the apiserver answers 401 to the token ``stale``."""
-    config = KubeConfig.from_file(kubeconfig(kube, kube.kubeconfig.parent / "stale-kubeconfig",
+    config = KubeConfig.from_file(kubeconfig(kube, folder / "stale-kubeconfig",
                                              {"token": stale}))
     client = KubeClient(config)
     try:
