@@ -128,10 +128,10 @@ async def test_oidc_sends_the_id_token_and_other_auth_providers_are_refused(tmp_
     assert (await login_for(oidc).credentials()).token == "eyJ.id"
     gcp = _kubeconfig(tmp_path, {"auth-provider": {"name": "gcp", "config": {}}})
     with pytest.raises(LoginError, match="'gcp' was removed from kubectl.*exec plugin"):
-        login_for(gcp)
+        await login_for(gcp).credentials()
     empty = _kubeconfig(tmp_path, {"auth-provider": {"name": "oidc", "config": {}}})
     with pytest.raises(LoginError, match="user 'alice'.*no id-token"):
-        login_for(empty)
+        await login_for(empty).credentials()
 
 
 async def test_a_token_wins_over_a_token_file_and_certificates_go_beside_it(tmp_path: Path) -> None:
@@ -287,7 +287,7 @@ class Apiserver:
         return self.answers.pop(0)
 
 
-def _client(tmp_path: Path, api: Apiserver, login: Any, slept: list[float]) -> KubeClient:
+def _client(api: Apiserver, login: Any, slept: list[float]) -> KubeClient:
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
@@ -305,7 +305,7 @@ async def test_the_client_waits_out_429s_and_renews_credentials_once_after_a_401
     plugin = Plugin(_credential(token="a"), _credential(token="b"), _credential(token="c"))
     login = login_for(_kubeconfig(tmp_path, _exec_user()), clock=Clock(), runner=plugin)
     slept: list[float] = []
-    kube = _client(tmp_path, api, login, slept)
+    kube = _client(api, login, slept)
     assert await kube.get(CELLS, "c1") == {"metadata": {"name": "c1"}}
     assert slept == [2.0]
     assert [r.headers["Authorization"] for r in api.requests] == ["Bearer a", "Bearer a",
@@ -387,7 +387,10 @@ async def test_the_recorder_forgets_the_oldest_keys_beyond_its_size() -> None:
     assert store.creates == 4
 
 
-async def test_static_credentials_are_sent_again_after_a_401() -> None:
-    login = StaticLogin(Credentials(token="t"))
-    login.unauthorized()
-    assert (await login.credentials()).token == "t"
+async def test_a_401_to_static_credentials_is_the_answer() -> None:
+    api = Apiserver(httpx.Response(401, json={"reason": "Unauthorized", "message": "bad"}))
+    kube = _client(api, StaticLogin(Credentials(token="t")), [])
+    with pytest.raises(KubeApiError, match="401"):
+        await kube.list(CELLS)
+    assert len(api.requests) == 1
+    await kube.close()

@@ -199,10 +199,8 @@ class KubeClient:
                 raise KubeApiError(f"{method} {path}: {error!r}") from None
             if response.status_code < 300:
                 return dict(response.json()) if response.content else {}
-            if response.status_code == 401 and not renewed:
-                # Expired or rotated credentials: the login gets fresh ones, once.
-                renewed = True
-                self.login.unauthorized()
+            if response.status_code == 401 and not renewed and self.login.unauthorized():
+                renewed = True  # expired or rotated credentials: fresh ones, once
                 continue
             delay = retry_delay(response.status_code, response.headers.get("Retry-After"),
                                 attempt, self._retry)

@@ -37,7 +37,7 @@ from cellplane_operator.errors import KubeConfigError
 from cellplane_operator.kube.config import ExecConfig, KubeConfig
 
 __all__ = ["Credentials", "Login", "LoginError", "PluginOutput", "PluginRunner",
-           "ExecLogin", "TokenFileLogin", "StaticLogin", "login_for", "run_plugin",
+           "ExecLogin", "TokenFileLogin", "StaticLogin", "RefusedLogin", "login_for", "run_plugin",
            "TOKEN_FILE_REREAD_SECONDS", "PLUGIN_TIMEOUT_SECONDS"]
 
 TOKEN_FILE_REREAD_SECONDS = 60.0
@@ -69,8 +69,9 @@ class Login(Protocol):
         """The credentials to present now (cached while they are good)."""
         ...
 
-    def unauthorized(self) -> None:
-        """The apiserver refused the last credentials with 401: get fresh ones next time."""
+    def unauthorized(self) -> bool:
+        """The apiserver refused the last credentials with 401: get fresh ones next time.
+        False if there are none to get (the same would be sent again)."""
         ...
 
 
@@ -108,8 +109,22 @@ class StaticLogin:
     async def credentials(self) -> Credentials:
         return self._credentials
 
-    def unauthorized(self) -> None:
-        pass  # nothing else to try: the request's 401 stands
+    def unauthorized(self) -> bool:
+        return False  # nothing else to try: the request's 401 stands
+
+
+class RefusedLogin:
+    """A kubeconfig user that cannot log in: says why when credentials are asked for, so
+    the error reaches the caller where its requests' errors do."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    async def credentials(self) -> Credentials:
+        raise LoginError(self._message)
+
+    def unauthorized(self) -> bool:
+        return False
 
 
 class TokenFileLogin:
@@ -136,8 +151,9 @@ class TokenFileLogin:
                 self._token, self._read_at = token, now
         return Credentials(token=self._token, cert=self._cert, key=self._key)
 
-    def unauthorized(self) -> None:
+    def unauthorized(self) -> bool:
         self._read_at = float("-inf")
+        return True
 
 
 class ExecLogin:
@@ -159,8 +175,9 @@ class ExecLogin:
                 self._cached = await self._run()
             return self._cached
 
-    def unauthorized(self) -> None:
+    def unauthorized(self) -> bool:
         self._cached = None
+        return True
 
     def _expired(self, credentials: Credentials) -> bool:
         return credentials.expires is not None and self._clock.now() >= credentials.expires
@@ -254,24 +271,26 @@ class ExecLogin:
 def login_for(config: KubeConfig, *, clock: Clock | None = None,
               runner: PluginRunner = run_plugin,
               environ: Mapping[str, str] | None = None) -> Login:
-    """The login kubectl would do for ``config``'s user."""
+    """The login kubectl would do for ``config``'s user. Never raises: a user that cannot
+    log in gets a login whose ``credentials`` raise ``LoginError``."""
     clock = clock if clock is not None else SystemClock()
     cert = config.client_cert_data or config.client_cert
     key = config.client_key_data or config.client_key
     if config.exec is not None:
         if config.auth_provider:
-            raise LoginError(f"user {config.user!r}: exec and auth-provider cannot be used "
-                             "together")
+            return RefusedLogin(f"user {config.user!r}: exec and auth-provider cannot be "
+                                "used together")
         return ExecLogin(config, config.exec, clock=clock, runner=runner, environ=environ)
     if config.auth_provider:
         if config.auth_provider != "oidc":
-            raise LoginError(f"user {config.user!r}: the auth-provider "
-                             f"{config.auth_provider!r} was removed from kubectl; use its "
-                             "exec plugin (gke-gcloud-auth-plugin, kubelogin)")
+            return RefusedLogin(f"user {config.user!r}: the auth-provider "
+                                f"{config.auth_provider!r} was removed from kubectl; use its "
+                                "exec plugin (gke-gcloud-auth-plugin, kubelogin)")
         token = config.auth_provider_config.get("id-token")
         if not token:
-            raise LoginError(f"user {config.user!r}: the oidc auth-provider has no id-token "
-                             "(log in with kubectl once, or use kubelogin as an exec plugin)")
+            return RefusedLogin(f"user {config.user!r}: the oidc auth-provider has no "
+                                "id-token (log in with kubectl once, or use kubelogin as an "
+                                "exec plugin)")
         return StaticLogin(Credentials(token=token, cert=cert, key=key))
     if config.token:
         return StaticLogin(Credentials(token=config.token, cert=cert, key=key))
