@@ -394,3 +394,31 @@ async def test_a_401_to_static_credentials_is_the_answer() -> None:
         await kube.list(CELLS)
     assert len(api.requests) == 1
     await kube.close()
+
+
+# kopf
+
+async def test_kopf_is_handed_the_exec_plugins_credentials_and_their_expiry(
+        tmp_path: Path) -> None:
+    import kopf
+
+    from cellplane_operator import handlers
+    from cellplane_operator.settings import OperatorSettings
+
+    script = tmp_path / "plugin"
+    script.write_text("#!/bin/sh\necho '" + json.dumps({
+        "apiVersion": V1, "kind": "ExecCredential",
+        "status": {"token": "from-plugin", "expirationTimestamp": "2099-01-01T00:00:00Z"}})
+        + "'\n")
+    script.chmod(0o755)
+    config = _kubeconfig(tmp_path, {"exec": {"apiVersion": V1, "command": str(script),
+                                             "interactiveMode": "Never"}})
+    assert config.source is not None
+    memo = kopf.Memo(settings=OperatorSettings(region="region-a", kubeconfig=config.source))
+    info = await handlers.login(memo=memo)
+    assert (info.server, info.token, info.ca_data) == ("https://10.0.0.1:6443", "from-plugin",
+                                                       b"CA")
+    assert info.expiration == datetime.datetime(2099, 1, 1, tzinfo=datetime.timezone.utc)
+    script.write_text("#!/bin/sh\necho 'denied' >&2\nexit 1\n")
+    with pytest.raises(kopf.TemporaryError, match="exited with status 1: denied"):
+        await handlers.login(memo=memo)  # asked again: the plugin runs again
