@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,13 @@ def kubectl(kube: LocalControlPlane, *argv: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def account(kube: LocalControlPlane) -> Iterator[str]:
+def account(kube: LocalControlPlane) -> str:
     """A service account allowed everything; its namespace."""
     kubectl(kube, "create", "namespace", NAMESPACE)
     kubectl(kube, "-n", NAMESPACE, "create", "serviceaccount", ACCOUNT)
     kubectl(kube, "create", "clusterrolebinding", f"{NAMESPACE}-{ACCOUNT}",
             "--clusterrole=cluster-admin", f"--serviceaccount={NAMESPACE}:{ACCOUNT}")
-    yield NAMESPACE
+    return NAMESPACE
 
 
 def token(kube: LocalControlPlane, bound_secret: str | None = None) -> str:
