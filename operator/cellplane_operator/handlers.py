@@ -6,6 +6,10 @@ annotations and adds no finalizers of its own, so several regional operators
 watching the same objects never collide on kopf's state (see
 docs/regional-operator.md for who acts on what). No kopf object travels past
 this module.
+
+kopf logs in through ``on.login`` below, with the same login as the operator's
+own client (``kube/login.py``: exec plugins, OIDC, rotating token files,
+in-cluster), so neither the ``kubernetes`` library nor pykube is needed.
 """
 
 from __future__ import annotations
@@ -15,11 +19,41 @@ from typing import Any
 
 import kopf
 
+from cellplane_operator.errors import KubeConfigError
+from cellplane_operator.kube import KubeConfig, Login, LoginError, login_for
 from cellplane_operator.runtime import RegionRuntime
 from cellplane_operator.settings import OperatorSettings
 
 GROUP = "cellplane.io"
 VERSION = "v1alpha1"
+
+
+@kopf.on.login(retries=None, backoff=10)
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials, from the operator's kubeconfig (or in-cluster). Asked again
+    after a 401 or once the credentials expire: fresh ones are got then."""
+    config: OperatorSettings = memo["settings"]
+    try:
+        kube = KubeConfig.load(config.kubeconfig)
+        user: Login = memo.get("login") or login_for(kube)
+        memo["login"] = user
+        user.unauthorized()  # kopf asks again only when the last credentials failed
+        credentials = await user.credentials()
+    except LoginError as error:
+        raise kopf.TemporaryError(str(error), delay=10) from None
+    except KubeConfigError as error:
+        raise kopf.PermanentError(str(error)) from None
+    cert, key = credentials.cert, credentials.key
+    return kopf.ConnectionInfo(
+        server=kube.server,
+        ca_path=str(kube.ca_file) if kube.ca_file and not kube.ca_data else None,
+        ca_data=kube.ca_data, insecure=kube.insecure_skip_tls_verify or None,
+        scheme="Bearer" if credentials.token else None, token=credentials.token,
+        certificate_path=None if cert is None or isinstance(cert, bytes) else str(cert),
+        certificate_data=cert if isinstance(cert, bytes) else None,
+        private_key_path=None if key is None or isinstance(key, bytes) else str(key),
+        private_key_data=key if isinstance(key, bytes) else None,
+        default_namespace=kube.namespace, expiration=credentials.expires)
 
 
 @kopf.on.startup()

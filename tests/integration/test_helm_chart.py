@@ -47,7 +47,7 @@ CLUSTER_GRANTS = {
 } | {
     ("", "secrets", verb) for verb in ("get", "create", "delete")
 } | {
-    ("", "events", "create"), ("", "namespaces", "get"),
+    ("", "events", "create"), ("", "events", "patch"), ("", "namespaces", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }
@@ -60,7 +60,7 @@ CELL_NAMESPACE_GRANTS = {
     ("", "persistentvolumeclaims", verb) for verb in ("get", "list", "watch", "patch", "delete")
 } | {("", "pods", verb) for verb in ("get", "list", "watch", "delete")} | {
     ("", "secrets", verb) for verb in ("get", "create", "patch")
-} | {("", "events", "create")}
+} | {("", "events", verb) for verb in ("create", "patch")}
 CELL_RESOURCES = {
     "database": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
     "api": {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"memory": "512Mi"}},

@@ -2,15 +2,19 @@
 
 The official client is synchronous and large; the operator needs eight verbs
 on five resources, so they are written out here, and every refusal becomes a
-``KubeApiError`` carrying the apiserver's status, reason and message.
+``KubeApiError`` carrying the apiserver's status, reason and message. Who the
+client is comes from ``kube/login.py`` before each request (a 401 asks the login
+for fresh credentials and sends once more); a 429 or 503 with Retry-After is sent
+again as ``kube/retry.py`` decides; Events are aggregated by ``kube/events.py``.
+docs/configuration.md says why this client rather than the ``kubernetes`` library.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
-import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +22,9 @@ import httpx
 
 from cellplane_operator.errors import KubeApiError, KubeConflictError, KubeNotFoundError
 from cellplane_operator.kube.config import KubeConfig
+from cellplane_operator.kube.events import EventRecorder
+from cellplane_operator.kube.login import Credentials, Login, login_for
+from cellplane_operator.kube.retry import RetryPolicy, retry_delay
 
 __all__ = ["KubeClient", "Resource", "CELLS", "TENANTS", "TENANTMOVES", "SECRETS", "NAMESPACES",
            "EVENTS", "CONFIGMAPS", "SERVICES", "PODS", "PERSISTENTVOLUMECLAIMS", "STATEFULSETS",
@@ -83,17 +90,42 @@ _PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/js
 
 class KubeClient:
     def __init__(self, config: KubeConfig, *, timeout_seconds: float = 10.0,
-                 user_agent: str = "cellplane-operator") -> None:
+                 user_agent: str = "cellplane-operator", login: Login | None = None,
+                 retry: RetryPolicy = RetryPolicy(),
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
-        self._http = httpx.AsyncClient(
-            base_url=config.server, verify=config.ssl_context(), timeout=timeout_seconds,
-            headers={"User-Agent": user_agent, "Accept": "application/json"},
-            # httpcore checks every pooled connection on each request: a small pool is
-            # cheaper, and 16 requests at once keep the apiserver busy enough.
-            limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
+        self.login = login if login is not None else login_for(config)
+        self._timeout = timeout_seconds
+        self._user_agent = user_agent
+        self._retry, self._sleep, self._transport = retry, sleep, transport
+        # One pooled client per client certificate presented: an exec plugin may hand
+        # out a new one, and TLS presents it only on new connections.
+        self._http: httpx.AsyncClient | None = None
+        self._http_identity: tuple[object, object] | None = None
+        self._retired: list[httpx.AsyncClient] = []
+        self._events = EventRecorder(_EventWrites(self))
+
+    def _client_for(self, credentials: Credentials) -> httpx.AsyncClient:
+        identity = (credentials.cert, credentials.key)
+        if self._http is None or identity != self._http_identity:
+            if self._http is not None:
+                self._retired.append(self._http)  # requests may still run on it
+            self._http = httpx.AsyncClient(
+                base_url=self.config.server, timeout=self._timeout,
+                verify=self.config.ssl_context(credentials.cert, credentials.key),
+                headers={"User-Agent": self._user_agent, "Accept": "application/json"},
+                transport=self._transport,
+                # httpcore checks every pooled connection on each request: a small pool
+                # is cheaper, and 16 requests at once keep the apiserver busy enough.
+                limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
+            self._http_identity = identity
+        return self._http
 
     async def close(self) -> None:
-        await self._http.aclose()
+        for http in [*self._retired, *([self._http] if self._http is not None else [])]:
+            await http.aclose()
+        self._retired, self._http = [], None
 
     async def get(self, resource: Resource, name: str, *, namespace: str | None = None
                   ) -> dict[str, Any] | None:
@@ -144,37 +176,50 @@ class KubeClient:
     async def event(self, involved: Mapping[str, Any], *, type_: Literal["Normal", "Warning"],
                     reason: str, message: str, component: str,
                     now: datetime.datetime) -> None:
-        """A core/v1 Event about ``involved`` (an object as read), shown by ``kubectl describe``."""
-        meta = involved.get("metadata") or {}
-        namespace = meta.get("namespace") or "default"
-        stamp = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        await self.create(EVENTS, {
-            "metadata": {"name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:16]}",
-                         "namespace": namespace},
-            "involvedObject": {"apiVersion": involved.get("apiVersion"),
-                               "kind": involved.get("kind"), "name": meta.get("name"),
-                               "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                               "resourceVersion": meta.get("resourceVersion")},
-            "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": component}, "reportingComponent": component,
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        }, namespace=namespace)
+        """A core/v1 Event about ``involved`` (an object as read), shown by ``kubectl
+        describe``; a repeat within minutes counts on the Event already posted."""
+        await self._events.record(involved, type_=type_, reason=reason, message=message,
+                                  component=component, now=now)
 
     async def _request(self, method: str, path: str, *, json_body: Any = None,
                        content_type: str = "application/json",
                        params: Mapping[str, str] | None = None) -> dict[str, Any]:
-        headers = {"Content-Type": content_type}
-        if token := self.config.bearer_token():
-            headers["Authorization"] = f"Bearer {token}"
         content = None if json_body is None else json.dumps(json_body).encode()
-        try:
-            response = await self._http.request(method, path, content=content, headers=headers,
-                                                params=params)
-        except httpx.HTTPError as error:
-            raise KubeApiError(f"{method} {path}: {error!r}") from None
-        if response.status_code < 300:
-            return dict(response.json()) if response.content else {}
-        raise _refusal(method, path, response)
+        attempt, renewed = 0, False
+        while True:
+            attempt += 1
+            credentials = await self.login.credentials()
+            headers = {"Content-Type": content_type}
+            if credentials.token:
+                headers["Authorization"] = f"Bearer {credentials.token}"
+            try:
+                response = await self._client_for(credentials).request(
+                    method, path, content=content, headers=headers, params=params)
+            except httpx.HTTPError as error:
+                raise KubeApiError(f"{method} {path}: {error!r}") from None
+            if response.status_code < 300:
+                return dict(response.json()) if response.content else {}
+            if response.status_code == 401 and not renewed and self.login.unauthorized():
+                renewed = True  # expired or rotated credentials: fresh ones, once
+                continue
+            delay = retry_delay(response.status_code, response.headers.get("Retry-After"),
+                                attempt, self._retry)
+            if delay is None:
+                raise _refusal(method, path, response)
+            await self._sleep(delay)
+
+
+class _EventWrites:
+    """The recorder's way to the apiserver: this client's create and patch."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        await self._kube.create(EVENTS, body, namespace=namespace)
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        await self._kube.patch(EVENTS, name, patch, namespace=namespace)
 
 
 def _refusal(method: str, path: str, response: httpx.Response) -> KubeApiError:
