@@ -199,8 +199,9 @@ class RemovalPolicy(str, Enum):
 
 PURGE_ORDER = (
     "purge_delivery_attempts", "purge_deliveries", "purge_outbox", "purge_job_steps",
-    "purge_ledger", "purge_idempotency_keys", "purge_jobs", "purge_webhook_endpoints",
-    "purge_targets", "purge_wallet", "purge_rate_bucket", "purge_tenant_changes", "purge_tenant",
+    "purge_ledger", "purge_idempotency_keys", "purge_schedule_runs", "purge_schedules",
+    "purge_jobs", "purge_webhook_endpoints", "purge_targets", "purge_wallet", "purge_rate_bucket",
+    "purge_tenant_changes", "purge_tenant",
 )
 """The statements of a purge (sql/removal.sql), rows that reference others first."""
 

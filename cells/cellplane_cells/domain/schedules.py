@@ -43,7 +43,7 @@ __all__ = [
     "DuePlan", "DEFAULT_DISPATCH_WINDOW_SECONDS", "MAX_DISPATCH_WINDOW_SECONDS",
     "DEFAULT_MAX_CATCH_UP_RUNS", "MAX_CATCH_UP_RUNS", "MISFIRE_GRACE",
     "parse_time_zone", "parse_cron", "parse_run_at", "once", "cron", "resolve_wall_time",
-    "first_after", "dispatch_offset", "idempotency_key", "plan_due",
+    "first_after", "first_occurrence", "dispatch_offset", "idempotency_key", "plan_due",
 ]
 
 ScheduleId = NewType("ScheduleId", uuid.UUID)
@@ -223,6 +223,21 @@ def first_after(timing: Timing, after: datetime.datetime) -> datetime.datetime |
         if at > after:
             return at
     return None
+
+
+def first_occurrence(timing: Timing, now: datetime.datetime) -> datetime.datetime:
+    """The occurrence a new (or replaced) schedule waits for.
+
+    A ``ONCE`` time already past is kept, so the misfire policy decides whether
+    it still runs; a cron schedule starts with its first occurrence after now.
+    """
+    if timing.kind is ScheduleKind.ONCE:
+        assert timing.run_at is not None
+        return resolve_wall_time(timing.run_at, timing.zone)
+    at = first_after(timing, now)
+    # parse_cron refused every expression that matches no date.
+    assert at is not None
+    return at
 
 
 def _at_or_after(timing: Timing, instant: datetime.datetime) -> datetime.datetime | None:

@@ -48,6 +48,12 @@ DELETE FROM ledger WHERE tenant_id = %(tenant_id)s;
 -- name: purge_idempotency_keys
 DELETE FROM idempotency_keys WHERE tenant_id = %(tenant_id)s;
 
+-- name: purge_schedule_runs
+DELETE FROM schedule_runs WHERE tenant_id = %(tenant_id)s;
+
+-- name: purge_schedules
+DELETE FROM schedules WHERE tenant_id = %(tenant_id)s;
+
 -- name: purge_jobs
 -- A worker still running one of these jobs finds it gone: its heartbeat and
 -- every later write are conditional on the job's row and change nothing.
