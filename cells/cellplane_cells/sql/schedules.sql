@@ -71,3 +71,54 @@ SELECT r.scheduled_for, r.idempotency_key, r.dispatched_at, r.job_id, j.status, 
    AND (%(before)s::timestamptz IS NULL OR r.scheduled_for < %(before)s::timestamptz)
  ORDER BY r.scheduled_for DESC
  LIMIT %(limit)s;
+
+-- name: lock_due_schedules
+-- Active schedules whose pending occurrence is due by the database's clock
+-- (its scheduled time plus its offset in the window), each locked for the
+-- dispatcher that takes it; SKIP LOCKED lets another dispatcher take the
+-- next ones instead of waiting. A schedule another dispatcher has just moved
+-- on is rechecked against its new dispatch_at when the lock is taken, and
+-- passed over. Schedules of tenants that are paused, moving or gone wait.
+SELECT s.schedule_id, s.tenant_id, s.kind, s.cron, s.run_at, s.time_zone, s.target, s.payload,
+       s.max_attempts, s.misfire_policy, s.max_catch_up_runs, s.dispatch_offset, s.next_at,
+       now() AS now
+  FROM schedules s JOIN tenants t USING (tenant_id)
+ WHERE s.state = 'active' AND s.dispatch_at <= now() AND t.state = 'active'
+ ORDER BY s.dispatch_at
+ LIMIT %(batch)s
+   FOR UPDATE OF s SKIP LOCKED;
+
+-- name: insert_run
+-- The key (schedule, scheduled time) is the guarantee of one job per
+-- occurrence: a second insert of the same occurrence conflicts and makes no job.
+INSERT INTO schedule_runs (schedule_id, scheduled_for, tenant_id, job_id, idempotency_key)
+VALUES (%(schedule_id)s, %(scheduled_for)s, %(tenant_id)s, %(job_id)s, %(idempotency_key)s)
+ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
+RETURNING job_id;
+
+-- name: insert_scheduled_job
+-- Queued now: run_after defaults to now(), which is at or after the
+-- occurrence's dispatch time, itself at or after its scheduled time.
+INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, max_attempts, estimate)
+VALUES (%(job_id)s, %(tenant_id)s, 'queued', %(target)s, 1, %(payload)s, %(max_attempts)s, 0);
+
+-- name: insert_scheduled_step
+-- The run's key, the same on every try of this run, is what the target sees.
+INSERT INTO job_steps (job_id, step, idempotency_key, status)
+VALUES (%(job_id)s, 1, %(idempotency_key)s, 'pending');
+
+-- name: advance_schedule
+-- Conditional on the occurrence the dispatcher planned from, so a plan made
+-- from a stale read changes nothing. No next occurrence: the schedule is done.
+UPDATE schedules
+   SET next_at = %(next_at)s,
+       dispatch_at = %(next_at)s::timestamptz + dispatch_offset,
+       state = CASE WHEN %(next_at)s::timestamptz IS NULL THEN 'completed' ELSE state END,
+       last_job_id = coalesce(%(last_job_id)s, last_job_id),
+       updated_at = now()
+ WHERE schedule_id = %(schedule_id)s AND next_at = %(planned_from)s
+RETURNING schedule_id;
+
+-- name: prune_schedule_runs
+-- Run history is kept for a retention; the jobs themselves are not touched.
+DELETE FROM schedule_runs WHERE dispatched_at < now() - make_interval(days => %(days)s);
