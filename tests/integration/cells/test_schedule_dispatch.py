@@ -10,11 +10,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from cellapi import Cell
-from cellfixtures import fetch, write
+from cellfixtures import fetch, setup_tenant, write
+from cellplane_cells.db import open_pool
 from cellplane_cells.dispatch import Dispatched, dispatch_due, prune_runs
+from cellplane_cells.worker import Worker, WorkerConfig
+from httpservers import Call, RecordingServer
+from starlette.responses import JSONResponse, Response
 
 UTC = datetime.timezone.utc
 
@@ -185,3 +190,39 @@ def test_run_history_past_its_retention_is_pruned(cell: Cell) -> None:
         assert prune_runs(conn, days=30) == 1
     assert runs(cell) == [] and fetch(cell.conninfo, "SELECT count(*) FROM jobs") == [(1,)]
     assert uuid.UUID(schedule_id)
+
+
+async def test_the_target_sees_the_runs_key_on_every_try_and_the_next_run_gets_another(
+        cell_db: str) -> None:
+    answers = iter([503, 200, 200])
+
+    async def flaky(call: Call) -> Response:
+        return JSONResponse({"ok": True}, status_code=next(answers))
+
+    with RecordingServer(flaky) as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        schedule_id = uuid.uuid4()
+        write(cell_db, "INSERT INTO schedules (schedule_id, tenant_id, kind, cron, time_zone, target,"
+                       " payload, max_attempts, misfire_policy, max_catch_up_runs,"
+                       " dispatch_window_seconds, dispatch_offset, state, next_at, dispatch_at)"
+                       " VALUES (%s, 'acme', 'CRON', '0 0 1 1 *', 'UTC', 'default', '{}', 3,"
+                       " 'RUN_ALL', 2, 0, '0', 'active', '2020-01-01Z', '2020-01-01Z')",
+                       schedule_id)
+        with open_pool(cell_db, epoch=1, max_size=4) as pool:
+            with pool.connection() as conn:
+                assert dispatch_due(conn, batch=10).jobs == 2  # RUN_ALL, at most 2
+            async with httpx.AsyncClient() as http:
+                config = WorkerConfig("w1", epoch=1, lease_seconds=2.0, heartbeat_seconds=0.3,
+                                      poll_seconds=0.05)
+                worker = Worker(pool, http, config)
+                for _ in range(3):
+                    # Each round also skips the failed try's backoff.
+                    write(cell_db, "UPDATE jobs SET run_after = now() WHERE status = 'queued'")
+                    await worker.run_until_idle()
+        assert fetch(cell_db, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == [(2,)]
+        keys = [c.headers["idempotency-key"] for c in target.snapshot()]
+    year = int(fetch(cell_db, "SELECT extract(year FROM now())::int")[0][0])
+    last, latest = f"{schedule_id}:{year - 1}-01-01T00:00:00Z", f"{schedule_id}:{year}-01-01T00:00:00Z"
+    # The run that failed once was tried again under the same key; each run has its own.
+    assert sorted(keys) == sorted([last, latest, keys[0]])
+    assert keys.count(keys[0]) == 2
