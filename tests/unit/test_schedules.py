@@ -126,7 +126,7 @@ def test_an_unknown_zone_is_refused_naming_time_zone(zone: str) -> None:
 @pytest.mark.parametrize("expression", [
     "0 0 30 2 *", "0 0 31 4,6 *", "* * * *", "0 0 * * * *", "0 0 L * *", "0 0 1W * *",
     "0 0 * * MON#1", "60 * * * *", "0 24 * * *", "*/0 * * * *", "@daily", "H * * * *",
-    "0 0 ? * *", "0 0 * FOO *", "5-1 * * * *", ""])
+    "0 0 ? * *", "0 0 * FOO *", "5-1 * * * *", "", "\u0663 * * * *"])
 def test_an_impossible_or_foreign_cron_is_refused_naming_cron(expression: str) -> None:
     with pytest.raises(ScheduleError) as caught:
         cron(expression, "UTC")
@@ -144,8 +144,9 @@ def test_the_unix_dialect_is_taken_and_normalised(expression: str) -> None:
     assert cron(f"  {expression}  ", "UTC").cron == " ".join(expression.split())
 
 
-def test_a_run_at_with_an_offset_or_a_fraction_is_refused_naming_run_at() -> None:
-    for value in (utc("2026-09-28T09:00"), wall("2026-09-28T09:00:00.5")):
+def test_a_run_at_with_an_offset_a_fraction_or_out_of_range_is_refused_naming_run_at() -> None:
+    for value in (utc("2026-09-28T09:00"), wall("2026-09-28T09:00:00.5"),
+                  wall("9999-12-31T23:59:59"), wall("0001-01-01T00:00:00")):
         with pytest.raises(ScheduleError) as caught:
             once(value, "Europe/Berlin")
         assert caught.value.field == "run_at"
@@ -241,3 +242,32 @@ def test_the_run_key_is_the_schedule_and_its_scheduled_time_in_utc() -> None:
     assert key == f"{SCHEDULE}:2026-09-28T07:00:00Z"
     assert key == idempotency_key(SCHEDULE, utc("2026-09-28T07:00"))
     assert key != idempotency_key(SCHEDULE, utc("2026-09-29T07:00"))
+
+
+# -- properties over many zones and expressions -----------------------------------------
+
+ZONES = ["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Africa/Cairo",
+         "America/Mexico_City", "Pacific/Chatham", "America/Santiago", "Asia/Tehran", "UTC"]
+
+
+@given(zone=st.sampled_from(ZONES),
+       minutes=st.sets(st.sampled_from([0, 15, 30, 45, 59]), min_size=1),
+       hours=st.sets(st.integers(min_value=0, max_value=23), min_size=1, max_size=4),
+       start=st.datetimes(min_value=datetime.datetime(2026, 1, 1),
+                          max_value=datetime.datetime(2026, 12, 31)))
+def test_occurrences_move_forward_in_wall_time_and_each_is_a_match_or_a_gaps_end(
+        zone: str, minutes: set[int], hours: set[int], start: datetime.datetime) -> None:
+    expression = f"{','.join(map(str, sorted(minutes)))} {','.join(map(str, sorted(hours)))} * * *"
+    timing = cron(expression, zone)
+    tz = zoneinfo.ZoneInfo(zone)
+    found = runs(timing, start.replace(tzinfo=UTC), 40)
+    walls = [at.astimezone(tz).replace(tzinfo=None) for at in found]
+    # Strictly forward on the wall clock too: no wall time of an overlap runs twice.
+    assert all(a < b for a, b in zip(walls, walls[1:]))
+    assert found[0] > start.replace(tzinfo=UTC)
+    for at, local in zip(found, walls):
+        matches = local.minute in minutes and local.hour in hours
+        gap_end = (at - datetime.timedelta(seconds=1)).astimezone(tz).utcoffset() != \
+            at.astimezone(tz).utcoffset()
+        assert matches or gap_end, f"{local} in {zone} is neither a match nor a gap's end"
+        assert at.second == 0

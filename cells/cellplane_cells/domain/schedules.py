@@ -65,7 +65,7 @@ MISFIRE_GRACE = datetime.timedelta(seconds=60)
 _MACHINE_ZONES = frozenset({"localtime", "posixrules", "Factory"})
 # One term of a cron field: `*`, a number or a name, a range, each with an optional step.
 # Quartz and Jenkins extensions (L, W, #, ?, H) are not part of the dialect.
-_CRON_TERM = re.compile(r"^(\*|(\d+|[A-Za-z]{3})(-(\d+|[A-Za-z]{3}))?)(/\d+)?$")
+_CRON_TERM = re.compile(r"^(\*|([0-9]+|[A-Za-z]{3})(-([0-9]+|[A-Za-z]{3}))?)(/[0-9]+)?$")
 _CRON_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week")
 # Searching back from the horizon for the last due occurrences: short spans
 # first, so a minutely schedule resumed after a year costs an hour of
@@ -74,6 +74,7 @@ _SEARCH_SPANS = (datetime.timedelta(hours=1), datetime.timedelta(days=1),
                  datetime.timedelta(days=32), datetime.timedelta(days=367),
                  datetime.timedelta(days=8 * 366), None)
 _JUST_BEFORE = datetime.timedelta(microseconds=1)
+_RUN_AT_YEARS = (1970, 9998)
 
 
 class ScheduleKind(str, enum.Enum):
@@ -173,6 +174,11 @@ def parse_run_at(value: datetime.datetime) -> datetime.datetime:
         raise ScheduleError("run_at", "give the local time without an offset; time_zone says where")
     if value.microsecond:
         raise ScheduleError("run_at", "whole seconds only")
+    # Far enough from datetime's limits that no zone's offset carries the
+    # instant out of range.
+    if not _RUN_AT_YEARS[0] <= value.year <= _RUN_AT_YEARS[1]:
+        raise ScheduleError("run_at", f"the year must be between {_RUN_AT_YEARS[0]} and "
+                                      f"{_RUN_AT_YEARS[1]}")
     return value
 
 
