@@ -271,3 +271,30 @@ def test_occurrences_move_forward_in_wall_time_and_each_is_a_match_or_a_gaps_end
             at.astimezone(tz).utcoffset()
         assert matches or gap_end, f"{local} in {zone} is neither a match nor a gap's end"
         assert at.second == 0
+
+
+@given(zone=st.sampled_from(ZONES), expression=st.sampled_from(["*/5 * * * *", "30 2 * * *",
+                                                               "0 */6 * * 1-5", "15 1 1 * *"]),
+       policy=st.sampled_from(list(MisfirePolicy)), catch_up=st.integers(min_value=1, max_value=5),
+       window=st.integers(min_value=0, max_value=600), schedule=st.uuids(),
+       start=st.datetimes(min_value=datetime.datetime(2026, 1, 1),
+                          max_value=datetime.datetime(2026, 12, 31)),
+       late=st.timedeltas(min_value=datetime.timedelta(0), max_value=datetime.timedelta(days=40)))
+def test_a_plan_never_runs_early_nor_more_than_its_policy_allows(
+        zone: str, expression: str, policy: MisfirePolicy, catch_up: int, window: int,
+        schedule: uuid.UUID, start: datetime.datetime, late: datetime.timedelta) -> None:
+    timing = cron(expression, zone)
+    next_at = first_after(timing, start.replace(tzinfo=UTC))
+    assert next_at is not None
+    offset = dispatch_offset(ScheduleId(schedule), window)
+    now = next_at + late
+    outcome = plan_due(timing, next_at=next_at, offset=offset,
+                       misfire=MisfireRule(policy, max_catch_up_runs=catch_up), now=now)
+    assert all(next_at <= at and at + offset <= now for at in outcome.runs)
+    assert list(outcome.runs) == sorted(set(outcome.runs))
+    assert outcome.next_at is not None
+    assert outcome.next_at + offset > now  # nothing left due: the next one is still ahead
+    assert len(outcome.runs) <= {MisfirePolicy.RUN_ONCE: 1, MisfirePolicy.RUN_ALL: catch_up,
+                                 MisfirePolicy.SKIP: 2}[policy]
+    if policy is not MisfirePolicy.SKIP and now >= next_at + offset:
+        assert outcome.runs  # something was due, and only SKIP drops it
