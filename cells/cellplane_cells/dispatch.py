@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool
 from cellplane_cells.db import ThreadedDatabase, translate_errors
 from cellplane_cells.domain.schedules import ScheduleId, idempotency_key, plan_due
 from cellplane_cells.errors import NotWritableError, TenantMovingError
+from cellplane_cells.metrics import SCHEDULE_DISPATCH_LAG
 from cellplane_cells.queries import query
 from cellplane_cells.schedules import misfire_of, timing_of
 
@@ -54,7 +55,8 @@ class Dispatched:
     """Jobs created: one per run, none for an occurrence already dispatched."""
 
 
-def _dispatch_one(cursor: psycopg.Cursor[dict[str, Any]], row: dict[str, Any]) -> int:
+def _dispatch_one(cursor: psycopg.Cursor[dict[str, Any]], row: dict[str, Any],
+                  lags: list[float]) -> int:
     plan = plan_due(timing_of(row), next_at=row["next_at"], offset=row["dispatch_offset"],
                     misfire=misfire_of(row), now=row["now"])
     schedule_id = ScheduleId(row["schedule_id"])
@@ -74,6 +76,7 @@ def _dispatch_one(cursor: psycopg.Cursor[dict[str, Any]], row: dict[str, Any]) -
         cursor.execute(query("insert_accepted_event"), params)
         last_job = job_id
         created += 1
+        lags.append((row["now"] - (scheduled_for + row["dispatch_offset"])).total_seconds())
     advanced = cursor.execute(query("advance_schedule"), {
         "schedule_id": schedule_id, "next_at": plan.next_at, "last_job_id": last_job,
         "planned_from": row["next_at"]}).fetchone()
@@ -86,10 +89,14 @@ def _dispatch_one(cursor: psycopg.Cursor[dict[str, Any]], row: dict[str, Any]) -
 def dispatch_due(conn: psycopg.Connection[Any], *, batch: int) -> Dispatched:
     """One pass over due schedules, in one transaction."""
     jobs = 0
+    lags: list[float] = []
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
         rows = cursor.execute(query("lock_due_schedules"), {"batch": batch}).fetchall()
         for row in rows:
-            jobs += _dispatch_one(cursor, row)
+            jobs += _dispatch_one(cursor, row, lags)
+    # Observed once committed: a pass that rolled back queued nothing.
+    for lag in lags:
+        SCHEDULE_DISPATCH_LAG.observe(lag)
     return Dispatched(schedules=len(rows), jobs=jobs)
 
 

@@ -19,6 +19,7 @@ from cellplane_cells.db import open_pool
 from cellplane_cells.dispatch import Dispatched, dispatch_due, prune_runs
 from cellplane_cells.worker import Worker, WorkerConfig
 from httpservers import Call, RecordingServer
+from prometheus_client import REGISTRY
 from starlette.responses import JSONResponse, Response
 
 UTC = datetime.timezone.utc
@@ -54,6 +55,13 @@ def runs(cell: Cell) -> list[tuple[Any, ...]]:
                                 " JOIN job_steps s USING (job_id) ORDER BY 1, 2")
 
 
+def lag_metric() -> tuple[float, float]:
+    """(observations, their sum) of the dispatch-lag histogram so far."""
+    name = "cellplane_cell_schedule_dispatch_lag_seconds"
+    return (REGISTRY.get_sample_value(f"{name}_count") or 0.0,
+            REGISTRY.get_sample_value(f"{name}_sum") or 0.0)
+
+
 def outage(cell: Cell, schedule_id: str, next_at: datetime.datetime) -> None:
     """As if the cell had been down since ``next_at`` was due."""
     write(cell.conninfo, "UPDATE schedules SET next_at = %s, dispatch_at = %s + dispatch_offset"
@@ -67,10 +75,13 @@ def test_a_once_schedule_becomes_one_job_at_its_time_and_not_before(cell: Cell) 
                                       "time_zone": "UTC"}, dispatch_window_seconds=0)
     assert dispatch(cell) == Dispatched(schedules=0, jobs=0)
     assert runs(cell) == []
+    count, total = lag_metric()
     deadline = time.monotonic() + 10
     while dispatch(cell).jobs == 0:
         assert time.monotonic() < deadline, "the occurrence was never dispatched"
         time.sleep(0.2)
+    # One lag observed, not negative (not early) and within a polling interval or so.
+    assert lag_metric()[0] == count + 1 and 0 <= lag_metric()[1] - total < 5
     scheduled = run_at.replace(tzinfo=UTC)
     [(sid, scheduled_for, key, step_key, status, run_after, created_at)] = runs(cell)
     assert (sid, scheduled_for, status) == (schedule_id, scheduled, "queued")
@@ -93,7 +104,9 @@ def test_after_an_outage_the_misfire_policy_decides_and_the_next_is_next_year(
                          misfire_policy=policy, max_catch_up_runs=2, dispatch_window_seconds=0)
     year = db_now(cell).year
     outage(cell, schedule_id, datetime.datetime(year - 3, 1, 1, tzinfo=UTC))
+    count, _ = lag_metric()
     dispatch(cell)
+    assert lag_metric()[0] == count + len(years_run)
     assert [r[1] for r in runs(cell)] == [datetime.datetime(year + n, 1, 1, tzinfo=UTC)
                                           for n in years_run]
     assert fetch(cell.conninfo, "SELECT next_at FROM schedules") == [
