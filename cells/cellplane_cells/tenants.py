@@ -228,6 +228,7 @@ def purge_tenant(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, int
         # The move's admin path (0006): a tenant moved out, or frozen for a
         # move, is read-only to everyone else, and must still be purgeable.
         cursor.execute(query("declare_tenant_admin"))
+        cursor.execute(query("lock_schedules_for_purge"), params)
         if cursor.execute(query("lock_tenant_for_purge"), params).fetchone() is None:
             return None
         for name in PURGE_ORDER:

@@ -17,6 +17,8 @@ from cellapi import Cell
 from cellfixtures import fetch, setup_tenant, write
 from cellplane_cells.db import open_pool
 from cellplane_cells.dispatch import Dispatched, dispatch_due, prune_runs
+from cellplane_cells.queries import query
+from cellplane_cells.tenants import purge_tenant
 from cellplane_cells.worker import Worker, WorkerConfig
 from httpservers import Call, RecordingServer
 from prometheus_client import REGISTRY
@@ -239,3 +241,34 @@ async def test_the_target_sees_the_runs_key_on_every_try_and_the_next_run_gets_a
     # The run that failed once was tried again under the same key; each run has its own.
     assert sorted(keys) == sorted([last, latest, keys[0]])
     assert keys.count(keys[0]) == 2
+
+
+def test_a_purge_during_a_dispatch_pass_waits_for_it_instead_of_deadlocking(cell: Cell) -> None:
+    auth = cell.tenant("acme")
+    schedule_id = create(cell, auth, {"type": "CRON", "cron": "0 0 1 1 *", "time_zone": "UTC"})
+    outage(cell, schedule_id, datetime.datetime(2020, 1, 1, tzinfo=UTC))
+    purged: list[object] = []
+
+    def purge() -> None:
+        with psycopg.connect(cell.conninfo, autocommit=True) as conn:
+            conn.execute("SET cellplane.epoch = '1'")
+            try:
+                purged.append(purge_tenant(conn, "acme"))
+            except Exception as error:  # noqa: BLE001 - reported by the assertion below
+                purged.append(error)
+
+    with psycopg.connect(cell.conninfo, autocommit=True) as dispatcher:
+        dispatcher.execute("SET cellplane.epoch = '1'")
+        with dispatcher.transaction():
+            # The pass has locked the schedule; the purge starts meanwhile.
+            assert dispatcher.execute(query("lock_due_schedules"), {"batch": 10}).fetchall()
+            thread = threading.Thread(target=purge)
+            thread.start()
+            time.sleep(0.5)
+            # The pass's job references the tenant, as its insert does.
+            dispatcher.execute("INSERT INTO jobs (job_id, tenant_id, status, target, step_count,"
+                               " payload, max_attempts, estimate) VALUES (gen_random_uuid(),"
+                               " 'acme', 'queued', 'default', 1, '{}', 1, 0)")
+        thread.join(timeout=30)
+    assert len(purged) == 1 and isinstance(purged[0], dict), purged
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(0,)]
