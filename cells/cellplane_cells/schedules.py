@@ -26,7 +26,7 @@ from cellplane_cells.domain.schedules import (
 from cellplane_cells.errors import ConflictError, NotFoundError, TargetRefusedError
 from cellplane_cells.queries import query
 
-__all__ = ["ScheduleSpec", "StateChange", "create_schedule", "get_schedule", "list_schedules",
+__all__ = ["ScheduleSpec", "StateChange", "CreateKey", "Created", "create_schedule", "get_schedule", "list_schedules",
            "replace_schedule", "change_state", "schedule_runs", "timing_of", "misfire_of"]
 
 
@@ -40,6 +40,21 @@ class ScheduleSpec:
     max_attempts: int
     misfire: MisfireRule
     dispatch_window_seconds: int
+
+
+@dataclass(frozen=True)
+class CreateKey:
+    """A create request's ``Idempotency-Key`` and the hash of its body."""
+
+    key: str
+    request_hash: bytes
+
+
+@dataclass(frozen=True)
+class Created:
+    row: dict[str, Any]
+    replayed: bool
+    """True when an earlier create with the same key made the schedule."""
 
 
 class StateChange(Enum):
@@ -87,15 +102,25 @@ def _now(cursor: psycopg.Cursor[dict[str, Any]]) -> datetime.datetime:
     return row["now"]  # type: ignore[no-any-return]
 
 
-def create_schedule(conn: psycopg.Connection[Any], tenant_id: str,
-                    spec: ScheduleSpec) -> dict[str, Any]:
+def create_schedule(conn: psycopg.Connection[Any], tenant_id: str, spec: ScheduleSpec,
+                    key: CreateKey | None = None) -> Created:
+    """A new active schedule; with a key, the one an earlier create with it made."""
     schedule_id = ScheduleId(uuid.uuid4())
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
         _check_target(cursor, tenant_id, spec.target)
-        params = _params(tenant_id, schedule_id, spec, _now(cursor), "active")
+        params = {**_params(tenant_id, schedule_id, spec, _now(cursor), "active"),
+                  "create_key": key.key if key else None,
+                  "create_hash": key.request_hash if key else None}
         row = cursor.execute(query("insert_schedule"), params).fetchone()
-    assert row is not None
-    return row
+        if row is not None:
+            return Created(row, replayed=False)
+        assert key is not None  # only a keyed insert conflicts
+        earlier = cursor.execute(query("schedule_by_create_key"), params).fetchone()
+    assert earlier is not None
+    if bytes(earlier["create_hash"]) != key.request_hash:
+        raise ConflictError(f"Idempotency-Key {key.key!r} was used before with a different request",
+                            code="idempotency_key_reused")
+    return Created(earlier, replayed=True)
 
 
 def get_schedule(conn: psycopg.Connection[Any], tenant_id: str,

@@ -13,12 +13,15 @@ dependency alias handed to ``add_schedule_routes`` from the live annotations.
 import base64
 import binascii
 import datetime
+import hashlib
+import json
 import uuid
 import zoneinfo
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Query
+from fastapi import Depends, FastAPI, Header, Query
+from fastapi.responses import JSONResponse
 from fastapi.exceptions import RequestValidationError
 from psycopg_pool import ConnectionPool
 from pydantic import AfterValidator, BaseModel, Field, JsonValue
@@ -31,7 +34,7 @@ from cellplane_cells.domain.schedules import (
 )
 from cellplane_cells.errors import InvalidRequestError, NotFoundError
 from cellplane_cells.schedules import (
-    ScheduleSpec, StateChange, change_state, create_schedule, get_schedule, list_schedules,
+    CreateKey, ScheduleSpec, StateChange, change_state, create_schedule, get_schedule, list_schedules,
     replace_schedule, schedule_runs,
 )
 
@@ -141,6 +144,12 @@ def _spec(body: ScheduleBody) -> ScheduleSpec:
         dispatch_window_seconds=body.dispatch_window_seconds)
 
 
+def _body_hash(body: ScheduleBody) -> bytes:
+    """Equal for two requests that ask for the same schedule, however their JSON was laid out."""
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).digest()
+
+
 def _schedule(row: dict[str, Any]) -> Schedule:
     next_at: datetime.datetime | None = row["next_at"]
     local = (None if next_at is None
@@ -206,13 +215,21 @@ def add_schedule_routes(app: FastAPI, pool: ConnectionPool, *, tenant: Callable[
     Submitting = Annotated[str, Depends(submitting)]
 
     @app.post("/v1/schedules", status_code=201, response_model=Schedule, responses={
-        409: {"description": "the tenant is paused"},
+        409: {"description": "the tenant is paused, or the Idempotency-Key was used with "
+                             "another request"},
         422: {"description": "a field is invalid; `fields` names it (unknown zone, impossible "
                              "cron, unregistered target)"}})
-    def create(body: ScheduleBody, tenant_id: Submitting) -> Schedule:
+    def create(body: ScheduleBody, tenant_id: Submitting,
+               idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255,
+                                                             pattern=r"^[\x20-\x7e]+$")] = None,
+               ) -> JSONResponse:
         spec = _spec(body)
+        key = None if idempotency_key is None else CreateKey(idempotency_key, _body_hash(body))
         with pool.connection() as conn:
-            return _schedule(create_schedule(conn, tenant_id, spec))
+            created = create_schedule(conn, tenant_id, spec, key)
+        headers = {"Idempotent-Replayed": "true"} if created.replayed else {}
+        return JSONResponse(_schedule(created.row).model_dump(mode="json"), status_code=201,
+                            headers=headers)
 
     @app.get("/v1/schedules/{schedule_id}", response_model=Schedule)
     def get(schedule_id: str, tenant_id: Tenant) -> Schedule:

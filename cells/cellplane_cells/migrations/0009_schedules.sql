@@ -32,13 +32,21 @@ CREATE TABLE schedules (
     -- The job of the latest occurrence: while it is queued or running, the
     -- schedule is busy and an update is refused.
     last_job_id              uuid,
+    -- The create request's Idempotency-Key and a hash of its body: a retried
+    -- create returns the schedule it made, instead of a second one that would
+    -- run every occurrence twice.
+    create_key               text,
+    create_hash              bytea,
     created_at               timestamptz NOT NULL DEFAULT now(),
     updated_at               timestamptz NOT NULL DEFAULT now(),
     CHECK ((kind = 'CRON') = (cron IS NOT NULL)),
     CHECK ((kind = 'ONCE') = (run_at IS NOT NULL)),
     CHECK ((next_at IS NULL) = (dispatch_at IS NULL)),
-    CHECK (state NOT IN ('active', 'paused') OR next_at IS NOT NULL)
+    CHECK (state NOT IN ('active', 'paused') OR next_at IS NOT NULL),
+    CHECK ((create_key IS NULL) = (create_hash IS NULL))
 );
+CREATE UNIQUE INDEX schedules_create_key ON schedules (tenant_id, create_key)
+    WHERE create_key IS NOT NULL;
 -- The dispatcher's scan: active schedules by the time they are due.
 CREATE INDEX schedules_due ON schedules (dispatch_at) WHERE state = 'active';
 CREATE INDEX schedules_tenant_listing ON schedules (tenant_id, created_at DESC, schedule_id DESC);

@@ -5,14 +5,20 @@
 SELECT now() AS now;
 
 -- name: insert_schedule
+-- ON CONFLICT: a create with the same Idempotency-Key made its schedule
+-- already (or is making it: the insert waits for that one to commit).
 INSERT INTO schedules (schedule_id, tenant_id, kind, cron, run_at, time_zone, target, payload,
                        max_attempts, misfire_policy, max_catch_up_runs, dispatch_window_seconds,
-                       dispatch_offset, state, next_at, dispatch_at)
+                       dispatch_offset, state, next_at, dispatch_at, create_key, create_hash)
 VALUES (%(schedule_id)s, %(tenant_id)s, %(kind)s, %(cron)s, %(run_at)s, %(time_zone)s, %(target)s,
         %(payload)s, %(max_attempts)s, %(misfire_policy)s, %(max_catch_up_runs)s,
         %(dispatch_window_seconds)s, %(dispatch_offset)s, %(state)s, %(next_at)s,
-        %(next_at)s::timestamptz + %(dispatch_offset)s::interval)
+        %(next_at)s::timestamptz + %(dispatch_offset)s::interval, %(create_key)s, %(create_hash)s)
+ON CONFLICT (tenant_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
+
+-- name: schedule_by_create_key
+SELECT * FROM schedules WHERE tenant_id = %(tenant_id)s AND create_key = %(create_key)s;
 
 -- name: get_schedule
 SELECT * FROM schedules WHERE tenant_id = %(tenant_id)s AND schedule_id = %(schedule_id)s;

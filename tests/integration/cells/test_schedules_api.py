@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 import uuid
 import zoneinfo
 from collections.abc import Iterator
@@ -226,3 +227,41 @@ def test_a_zone_whose_rules_changed_reads_by_the_current_rules(cell: Cell) -> No
     # Mexico City has no DST since 2022: 02:30 on the first Sunday of April is ordinary.
     assert body["next_run_local"] == "2030-04-07T02:30:00-06:00"
     assert zoneinfo.ZoneInfo("America/Mexico_City")  # the zone exists on this site
+
+
+def test_a_create_retried_with_its_idempotency_key_returns_the_first_schedule(cell: Cell) -> None:
+    auth = cell.tenant("acme")
+    keyed = {**auth, "Idempotency-Key": "digest-schedule-1"}
+    first = create(cell, keyed)
+    again = create(cell, keyed)
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in first.headers
+    changed = create(cell, keyed, payload={"x": 2})
+    assert changed.status_code == 409
+    assert changed.json()["error"]["code"] == "idempotency_key_reused"
+    # Without a key, or under another tenant, the same key is a new schedule.
+    assert create(cell, auth).json()["schedule_id"] != first.json()["schedule_id"]
+    other = cell.tenant("other")
+    assert create(cell, {**other, "Idempotency-Key": "digest-schedule-1"}).status_code == 201
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(3,)]
+
+
+def test_concurrent_creates_with_one_key_make_one_schedule(cell: Cell) -> None:
+    auth = {**cell.tenant("acme"), "Idempotency-Key": "same"}
+    answers: list[Any] = []
+    barrier = threading.Barrier(6)
+
+    def send() -> None:
+        barrier.wait()
+        answers.append(create(cell, auth))
+
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {a.status_code for a in answers} == {201}
+    assert len({a.json()["schedule_id"] for a in answers}) == 1
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(1,)]
