@@ -14,9 +14,10 @@ import httpx
 import psycopg
 import pytest
 from cellapi import Cell
-from cellfixtures import fetch, setup_tenant, write
+from cellfixtures import fetch, grant, setup_tenant, write
 from cellplane_cells.db import open_pool
 from cellplane_cells.dispatch import Dispatched, dispatch_due, prune_runs
+from cellplane_cells.errors import StaleEpochError
 from cellplane_cells.queries import query
 from cellplane_cells.tenants import purge_tenant
 from cellplane_cells.worker import Worker, WorkerConfig
@@ -272,3 +273,16 @@ def test_a_purge_during_a_dispatch_pass_waits_for_it_instead_of_deadlocking(cell
         thread.join(timeout=30)
     assert len(purged) == 1 and isinstance(purged[0], dict), purged
     assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(0,)]
+
+
+def test_a_dispatcher_under_a_stale_epoch_dispatches_nothing(cell: Cell) -> None:
+    auth = cell.tenant("acme")
+    schedule_id = create(cell, auth, {"type": "CRON", "cron": "0 0 1 1 *", "time_zone": "UTC"})
+    outage(cell, schedule_id, datetime.datetime(2020, 1, 1, tzinfo=UTC))
+    grant(cell.conninfo, epoch=2, seconds=3600)  # a new owner took the placement group
+    with open_pool(cell.conninfo, epoch=1, max_size=2) as stale, stale.connection() as conn:
+        with pytest.raises(StaleEpochError):
+            dispatch_due(conn, batch=10)
+    assert runs(cell) == [] and fetch(cell.conninfo, "SELECT count(*) FROM jobs") == [(0,)]
+    with open_pool(cell.conninfo, epoch=2, max_size=2) as owner, owner.connection() as conn:
+        assert dispatch_due(conn, batch=10).jobs == 1
