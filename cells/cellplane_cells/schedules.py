@@ -26,8 +26,9 @@ from cellplane_cells.domain.schedules import (
 from cellplane_cells.errors import ConflictError, NotFoundError, TargetRefusedError
 from cellplane_cells.queries import query
 
-__all__ = ["ScheduleSpec", "StateChange", "CreateKey", "Created", "create_schedule", "get_schedule", "list_schedules",
-           "replace_schedule", "change_state", "schedule_runs", "timing_of", "misfire_of"]
+__all__ = ["ScheduleSpec", "StateChange", "CreateKey", "Created", "create_schedule",
+           "get_schedule", "list_schedules", "replace_schedule", "change_state", "schedule_runs",
+           "timing_of", "misfire_of"]
 
 
 @dataclass(frozen=True)
