@@ -3,6 +3,7 @@ per occurrence with two dispatchers racing."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import threading
 import time
@@ -16,7 +17,9 @@ import pytest
 from cellapi import Cell
 from cellfixtures import fetch, grant, setup_tenant, write
 from cellplane_cells.db import open_pool
-from cellplane_cells.dispatch import Dispatched, dispatch_due, prune_runs
+from cellplane_cells.dispatch import (
+    Dispatched, Dispatcher, DispatcherConfig, dispatch_due, prune_runs,
+)
 from cellplane_cells.errors import StaleEpochError
 from cellplane_cells.queries import query
 from cellplane_cells.tenants import purge_tenant
@@ -286,3 +289,23 @@ def test_a_dispatcher_under_a_stale_epoch_dispatches_nothing(cell: Cell) -> None
     assert runs(cell) == [] and fetch(cell.conninfo, "SELECT count(*) FROM jobs") == [(0,)]
     with open_pool(cell.conninfo, epoch=2, max_size=2) as owner, owner.connection() as conn:
         assert dispatch_due(conn, batch=10).jobs == 1
+
+
+async def test_the_dispatcher_loop_dispatches_due_schedules_until_stopped(cell: Cell) -> None:
+    auth = cell.tenant("acme")
+    ids = [create(cell, auth, {"type": "CRON", "cron": "0 0 1 1 *", "time_zone": "UTC"})
+           for _ in range(5)]
+    for schedule_id in ids:
+        outage(cell, schedule_id, datetime.datetime(2020, 1, 1, tzinfo=UTC))
+    stop = asyncio.Event()
+    # A batch of 2: the loop goes on at once while batches come back full.
+    dispatcher = Dispatcher(cell.pool, DispatcherConfig(batch=2, poll_seconds=0.05), name="t")
+    loop = asyncio.create_task(dispatcher.run(stop))
+    deadline = time.monotonic() + 10
+    while len(runs(cell)) < 5:
+        assert time.monotonic() < deadline, "the loop did not dispatch every due schedule"
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(loop, timeout=5)
+    assert dispatcher.fenced is None
+    assert len({r[0] for r in runs(cell)}) == 5
