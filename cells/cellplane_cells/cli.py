@@ -1,7 +1,7 @@
 """``cellplane cell``: run a cell's processes.
 
     cellplane cell migrate    apply the schema migrations
-    cellplane cell work       workers, reaper and the webhook relay
+    cellplane cell work       workers, reaper, the webhook relay and the schedule dispatcher
     cellplane cell serve      the tenant API and the admin API
 """
 
@@ -28,7 +28,8 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     add_common_arguments(migrate)
     migrate.set_defaults(run=_migrate)
 
-    work = cell_commands.add_parser("work", help="run workers, the reaper and the webhook relay")
+    work = cell_commands.add_parser(
+        "work", help="run workers, the reaper, the webhook relay and the schedule dispatcher")
     add_common_arguments(work, relay_pool=True)
     work.add_argument("--worker-id", default=f"{socket.gethostname()}-{os.getpid()}")
     work.add_argument("--slots", type=int, default=10)
@@ -63,6 +64,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def _work(args: argparse.Namespace) -> int:
     from cellplane_cells.db import open_pool
+    from cellplane_cells.dispatch import Dispatcher, DispatcherConfig
     from cellplane_cells.egress import guarded_client
     from cellplane_cells.relay import Relay, RelayConfig
     from cellplane_cells.worker import Worker, WorkerConfig
@@ -84,7 +86,8 @@ def _work(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         # Job slots and the reaper; the relay's few concurrent statements in a pool of
         # their own, as the relay's role (the one that may read webhook secrets).
-        pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.slots + 2,
+        # (+3: the reaper, a claim, and the schedule dispatcher's pass.)
+        pool = open_pool(settings.database, epoch=settings.epoch, max_size=args.slots + 3,
                          name="worker")
         relay_pool = open_pool(settings.relay_database or settings.database,
                                epoch=settings.epoch, max_size=4, name="relay")
@@ -93,10 +96,14 @@ def _work(args: argparse.Namespace) -> int:
             async with guarded_client(allow_private=settings.allow_private_targets) as http:
                 worker = Worker(pool, http, config)
                 relay = Relay(relay_pool, http, RelayConfig(relay_id=args.worker_id))
+                # Every worker process dispatches too: a cell with any process
+                # up keeps its schedules, and the row locks keep them from
+                # dispatching one occurrence twice.
+                dispatcher = Dispatcher(pool, DispatcherConfig(), name=args.worker_id)
                 logging.getLogger("cellplane.cell").info(
-                    "worker %s up: epoch %d, %d slots, webhook relay on",
+                    "worker %s up: epoch %d, %d slots, webhook relay and schedule dispatcher on",
                     config.worker_id, config.epoch, config.slots)
-                await asyncio.gather(worker.run(stop), relay.run(stop))
+                await asyncio.gather(worker.run(stop), relay.run(stop), dispatcher.run(stop))
         finally:
             relay_pool.close()
             pool.close()

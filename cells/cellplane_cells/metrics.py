@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
     "WRITES_REJECTED", "CLAIMS", "SUBMISSIONS_REFUSED", "TENANT_REFUSALS", "STEP_CALLS",
-    "DELIVERIES", "QueueCollector", "refuse_submission",
+    "DELIVERIES", "SCHEDULE_DISPATCH_LAG", "QueueCollector", "refuse_submission",
 ]
 
 WRITES_REJECTED = Counter(
@@ -36,6 +36,14 @@ STEP_CALLS = Histogram("cellplane_cell_step_call_seconds", "Duration of step cal
                        ["outcome"])
 DELIVERIES = Counter("cellplane_cell_webhook_deliveries_total", "Webhook delivery attempts.",
                      ["outcome"])
+
+SCHEDULE_DISPATCH_LAG = Histogram(
+    "cellplane_cell_schedule_dispatch_lag_seconds",
+    "From an occurrence's dispatch time (its scheduled time plus its offset in the dispatch "
+    "window) to its job being queued, by the database's clock; a run caught up after an "
+    "outage or a pause counts its whole lateness.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
+)
 
 
 def refuse_submission(reason: str, tenant_id: str) -> None:

@@ -199,8 +199,9 @@ class RemovalPolicy(str, Enum):
 
 PURGE_ORDER = (
     "purge_delivery_attempts", "purge_deliveries", "purge_outbox", "purge_job_steps",
-    "purge_ledger", "purge_idempotency_keys", "purge_jobs", "purge_webhook_endpoints",
-    "purge_targets", "purge_wallet", "purge_rate_bucket", "purge_tenant_changes", "purge_tenant",
+    "purge_ledger", "purge_idempotency_keys", "purge_schedule_runs", "purge_schedules",
+    "purge_jobs", "purge_webhook_endpoints", "purge_targets", "purge_wallet", "purge_rate_bucket",
+    "purge_tenant_changes", "purge_tenant",
 )
 """The statements of a purge (sql/removal.sql), rows that reference others first."""
 
@@ -227,6 +228,7 @@ def purge_tenant(conn: psycopg.Connection[Any], tenant_id: str) -> dict[str, int
         # The move's admin path (0006): a tenant moved out, or frozen for a
         # move, is read-only to everyone else, and must still be purgeable.
         cursor.execute(query("declare_tenant_admin"))
+        cursor.execute(query("lock_schedules_for_purge"), params)
         if cursor.execute(query("lock_tenant_for_purge"), params).fetchone() is None:
             return None
         for name in PURGE_ORDER:

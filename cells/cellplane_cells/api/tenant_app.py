@@ -1,4 +1,4 @@
-"""The tenants' job API: submit, read, list and cancel jobs.
+"""The tenants' job API: submit, read, list and cancel jobs; schedules (``schedule_routes``).
 
 Every request names its tenant by API key (``Authorization: Bearer ...``); a
 job of another tenant is reported as not found, never as forbidden, so keys
@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, Field, JsonValue
 
 from cellplane_cells.api.errors import install_error_handlers
 from cellplane_cells.api.inputs import RequestBody, install_request_gates
+from cellplane_cells.api.schedule_routes import add_schedule_routes
 from cellplane_cells.domain.client_input import (
     INVALID_KEY_MESSAGE, MAX_PAYLOAD_DEPTH, TENANT_BODY_LIMIT_BYTES, bearer_token, json_depth,
 )
@@ -213,4 +214,5 @@ def create_tenant_app(pool: ConnectionPool) -> FastAPI:
                        if len(rows) > limit else None)
         return JobPage(jobs=page, next_cursor=next_cursor)
 
+    add_schedule_routes(app, pool, tenant=tenant, submitting=submitting_tenant)
     return app

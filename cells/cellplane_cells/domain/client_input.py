@@ -48,6 +48,14 @@ TENANT_API_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "/v1/jobs"),
     ("GET", "/v1/jobs/{job_id}"),
     ("POST", "/v1/jobs/{job_id}:cancel"),
+    ("POST", "/v1/schedules"),
+    ("GET", "/v1/schedules"),
+    ("GET", "/v1/schedules/{schedule_id}"),
+    ("PUT", "/v1/schedules/{schedule_id}"),
+    ("POST", "/v1/schedules/{schedule_id}:pause"),
+    ("POST", "/v1/schedules/{schedule_id}:resume"),
+    ("POST", "/v1/schedules/{schedule_id}:cancel"),
+    ("GET", "/v1/schedules/{schedule_id}/runs"),
 )
 """(method, path template) of every tenant API route; a test holds the app to it."""
 

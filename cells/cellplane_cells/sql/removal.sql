@@ -12,6 +12,13 @@ UPDATE tenants
  WHERE tenant_id = %(tenant_id)s
 RETURNING tenant_id;
 
+-- name: lock_schedules_for_purge
+-- Before the tenant row: a dispatcher's pass locks schedules first and then
+-- references the tenant (its jobs' foreign key). Taking the tenant first
+-- and the schedules second, a purge would deadlock with such a pass; in this
+-- order it waits for the pass to commit.
+SELECT schedule_id FROM schedules WHERE tenant_id = %(tenant_id)s ORDER BY schedule_id FOR UPDATE;
+
 -- name: lock_tenant_for_purge
 -- First statement of a purge. FOR UPDATE conflicts with the KEY SHARE lock
 -- that every insert referencing the tenant takes through its foreign key: a
@@ -47,6 +54,12 @@ DELETE FROM ledger WHERE tenant_id = %(tenant_id)s;
 
 -- name: purge_idempotency_keys
 DELETE FROM idempotency_keys WHERE tenant_id = %(tenant_id)s;
+
+-- name: purge_schedule_runs
+DELETE FROM schedule_runs WHERE tenant_id = %(tenant_id)s;
+
+-- name: purge_schedules
+DELETE FROM schedules WHERE tenant_id = %(tenant_id)s;
 
 -- name: purge_jobs
 -- A worker still running one of these jobs finds it gone: its heartbeat and

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cellapi import Cell
-from cellfixtures import fetch, grant
+from cellfixtures import fetch, grant, write
 from cellplane_cells import jobqueue
 from cellplane_cells.queries import query
 
@@ -63,7 +63,8 @@ def count(conninfo: str, table: str) -> int:
 
 def populate(cell: Cell, tenant_id: str) -> dict[str, str]:
     """A tenant with a row in every table: quotas, bucket, wallet, target, webhook, jobs
-    queued, running and finished, their steps, ledger, keys, events, deliveries, attempts."""
+    queued, running and finished, their steps, ledger, keys, events, deliveries, attempts,
+    a schedule and a run of it."""
     auth = cell.tenant(tenant_id, burst=20)
     # A move out under way: every later write of the tenant is captured.
     assert cell.admin.post(f"/admin/v1/tenants/{tenant_id}/move-out",
@@ -87,6 +88,13 @@ def populate(cell: Cell, tenant_id: str) -> dict[str, str]:
             conn.execute(query("claim_deliveries"), {
                 "endpoint_ids": endpoints, "slots": [1] * len(endpoints), "relay": "r",
                 "lease_seconds": 60})
+    schedule = cell.api.post("/v1/schedules", headers=auth, json={
+        "schedule": {"type": "CRON", "cron": "0 * * * *", "time_zone": "UTC"},
+        "target": "default", "payload": {}})
+    assert schedule.status_code == 201, schedule.text
+    write(cell.conninfo, "INSERT INTO schedule_runs (schedule_id, scheduled_for, tenant_id, job_id,"
+          " idempotency_key) SELECT %s, now(), %s, job_id, 'k' FROM jobs WHERE tenant_id = %s LIMIT 1",
+          schedule.json()["schedule_id"], tenant_id, tenant_id)
     return auth
 
 
