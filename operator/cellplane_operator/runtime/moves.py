@@ -47,6 +47,7 @@ from pydantic import ValidationError
 from cellplane_operator.api import v1alpha1
 from cellplane_operator.domain.cells import SERVING_PHASES, Region, Tier
 from cellplane_operator.domain.conditions import find_condition
+from cellplane_operator.domain.dedicated import made_for_move, move_target_name
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
     MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, MovePhase, MoveRequest, Overrun,
@@ -56,8 +57,7 @@ from cellplane_operator.domain.moves import (
 )
 from cellplane_operator.domain.moves import refused_urls
 from cellplane_operator.domain.placement import (
-    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, dedicated_cell_name,
-    place,
+    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, place,
 )
 from cellplane_operator.errors import CellApiError, CellplaneError
 from cellplane_operator.failpoints import delay, failpoint
@@ -351,9 +351,8 @@ class MoveController:
         dedicated = tenant.isolation is Tier.DEDICATED
         if dedicated:
             # A dedicated tenant moves into a cell of its own, made for the move.
-            target_name = spec.target_cell or (
-                f"{dedicated_cell_name(tenant.namespace, tenant.name)[:54]}-"
-                f"{body['metadata']['uid'][:8]}")
+            target_name = spec.target_cell or move_target_name(
+                tenant.namespace, tenant.name, str(body["metadata"]["uid"]))
         else:
             target_name = spec.target_cell or self._pick_in_region(
                 tenant, str(spec.target_region), source, candidates)
@@ -568,10 +567,9 @@ class MoveController:
         """Deletes the tenant's dedicated cell this move made (its name ends in the move's
         uid, see ``_admit``) if it holds no tenant; its name, if a deletion was asked."""
         meta = body["metadata"]
-        made_for = f"-{str(meta['uid'])[:8]}"
         owner = (meta["namespace"], _spec(body).get("tenant"))
         for name, cell in list(self._ctx.cache.cells.items()):
-            if name.endswith(made_for) and dedicated_to(cell) == owner \
+            if made_for_move(name, str(meta["uid"])) and dedicated_to(cell) == owner \
                     and await self._tenants.delete_unused_cell(name):
                 return name
         return None

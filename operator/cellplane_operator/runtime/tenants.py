@@ -26,6 +26,7 @@ from cellplane_operator.api.base import DNS_LABEL_PATTERN
 from cellplane_operator.domain.cells import (
     SERVING_PHASES, CellFacts, CellName, Region, Tier, judge_cell, plan_cell_acceptance,
 )
+from cellplane_operator.domain.dedicated import standby_region
 from cellplane_operator.domain.fencing import requested_fence
 from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads,
@@ -441,10 +442,8 @@ class TenantController:
         home = region or tenant.home_region
         standby: list[str] = []
         if tenant.region_policy is RegionPolicy.HOME_ASYNC:
-            others = [r for r in self._ctx.settings.regions if r != home]
-            if others:
-                after = [r for r in others if r > home]
-                standby = [(after or others)[0]]
+            chosen = standby_region(Region(home), [Region(r) for r in self._ctx.settings.regions])
+            standby = [] if chosen is None else [chosen]
         meta = body["metadata"]
         manifest = {
             "metadata": {
