@@ -50,10 +50,10 @@ from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.dedicated import made_for_move, move_target_name
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
-    MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, MovePhase, MoveRequest, Overrun,
-    RecordView, RefusalReason, Refused, Resume, admit_move, after_overrun, differing_tables,
-    fixed_pause_over_budget, gives_up, may_abort, ready_to_cut_over, resume,
-    waiting_refusal_phase,
+    MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, KeepSource, MovePhase,
+    MoveRequest, Overrun, QueuedMove, RecordView, RefusalReason, Refused, Resume, admit_move,
+    after_overrun, differing_tables, fixed_pause_over_budget, gives_up, may_abort, moves_ahead,
+    ready_to_cut_over, resume, source_retention, target_epoch, waiting_refusal_phase,
 )
 from cellplane_operator.domain.moves import refused_urls
 from cellplane_operator.domain.placement import (
@@ -274,8 +274,7 @@ class MoveController:
         source, target = str(status["sourceCell"]), str(status["targetCell"])
         # etcd, not memory: a new leader's tenant controller may not have read it yet.
         stored = await self._tenants.refresh(tenant_key, reconcile=False)
-        view = None if stored is None else RecordView(stored.record.cell, stored.record.epoch,
-                                                      stored.record.moving)
+        view = None if stored is None else _record_view(stored)
         decision = resume(phase, view, source=source, target=target)
         if decision is Resume.LOST:
             await self._end(body, run, None if stored is None else stored.record.tenant_id,
@@ -421,12 +420,12 @@ class MoveController:
         done_at = datetime.datetime.fromisoformat(
             str(completed["lastTransitionTime"]).replace("Z", "+00:00"))
         retain = int(_spec(body).get("retainSourceForSeconds", 86400))
-        remaining = (done_at + datetime.timedelta(seconds=retain) - self._ctx.clock.now()
-                     ).total_seconds()
-        if remaining > 0:
+        retention = source_retention(completed_at=done_at, retain_seconds=retain,
+                                     now=self._ctx.clock.now())
+        if isinstance(retention, KeepSource):
             wake = self._wakes.setdefault(TenantKey(meta["namespace"], meta["name"]),
                                           asyncio.Event())
-            await _wait(wake, min(remaining, 3600.0))
+            await _wait(wake, retention.wait_seconds)
             return
         if await self._tenants.delete_unused_cell(source):
             await self._ctx.event(body, "Normal", "SourceCellDeleted",
@@ -446,20 +445,12 @@ class MoveController:
         return str(outcome.cell)
 
     def _other_moves(self, key: TenantKey, body: dict[str, Any], tenant: str) -> tuple[str, ...]:
-        """Moves of the same tenant that went first: admitted ones, or older pending ones."""
-        mine = (body["metadata"].get("creationTimestamp") or "", key.name)
-        others: list[str] = []
-        for other_key, other in self._ctx.cache.moves.items():
-            if other_key == key or other_key.namespace != key.namespace \
-                    or _spec(other).get("tenant") != tenant:
-                continue
-            phase = (other.get("status") or {}).get("phase") or MovePhase.PENDING.value
-            if MovePhase(phase) in TERMINAL_PHASES:
-                continue
-            theirs = (other["metadata"].get("creationTimestamp") or "", other_key.name)
-            if phase != MovePhase.PENDING.value or theirs < mine:
-                others.append(other_key.name)
-        return tuple(others)
+        """Moves of the same tenant that went first (``domain/moves.moves_ahead``)."""
+        others = [_queued(other_key.name, other)
+                  for other_key, other in self._ctx.cache.moves.items()
+                  if other_key != key and other_key.namespace == key.namespace
+                  and _spec(other).get("tenant") == tenant]
+        return moves_ahead(_queued(key.name, body), others)
 
     async def _refuse(self, body: dict[str, Any], refusal: Refused, source: str | None) -> None:
         """Nothing is started. A refusal that may pass later keeps the move Pending and
@@ -611,8 +602,7 @@ class MoveController:
         run.copy = TenantCopy(
             self._ctx.cells, tenant_id=stored.record.tenant_id, move_id=body["metadata"]["uid"],
             source=await self._cell_end(source), target=await self._cell_end(target),
-            target_epoch=(stored.record.epoch + 1 if stored.record.cell == source
-                          else stored.record.epoch))
+            target_epoch=target_epoch(_record_view(stored), source=source))
         return run.copy
 
     async def _cell_end(self, cell: str) -> CellEnd:
@@ -1010,6 +1000,15 @@ class MoveController:
         body["status"] = updated.get("status", status)
         body["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
         self._ctx.cache.moves[TenantKey(meta["namespace"], meta["name"])] = body
+
+
+def _record_view(stored: Stored) -> RecordView:
+    return RecordView(stored.record.cell, stored.record.epoch, stored.record.moving)
+
+
+def _queued(name: str, body: dict[str, Any]) -> QueuedMove:
+    phase = (body.get("status") or {}).get("phase") or MovePhase.PENDING.value
+    return QueuedMove(name, MovePhase(phase), str(body["metadata"].get("creationTimestamp") or ""))
 
 
 def _spec(body: dict[str, Any]) -> dict[str, Any]:
