@@ -38,7 +38,6 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -123,7 +122,8 @@ class _Run:
     rows_per_second: float = 0.0
     check_seconds: float = 0.0
     checks_timed_at: float | None = None
-    """time.monotonic() of the last timing of the checksums; None: not timed in this copy."""
+    """The clock's monotonic reading at the last timing of the checksums; None: not timed
+    in this copy."""
     said_over_budget: bool = False
     totals: dict[str, int] | None = None
     copied: dict[str, int] | None = None
@@ -133,9 +133,10 @@ class _Run:
     overruns: int = 0
     """Cutovers that could not commit within the budget and gave the writes back."""
     catching_up_since: float | None = None
-    """time.monotonic() this move began catching up without a cutover since."""
+    """The clock's monotonic reading when this move began catching up (no cutover since)."""
     failing_since: float | None = None
-    """time.monotonic() of the first of the steps failing in a row; None: the last one passed."""
+    """The clock's monotonic reading at the first of the steps failing in a row; None: the
+    last one passed."""
     late_freeze: tuple[asyncio.Task[None], TenantCopy, int] | None = None
     """A freeze given up on at its deadline whose answer has not come: the cell may still
     apply it, so the source is unfrozen once more when it answers."""
@@ -535,7 +536,7 @@ class MoveController:
         sides = {target: ("the target's copy", cells.cancel_move_in),
                  source: ("the source's change capture", cells.cancel_move_out)}
         left: dict[str, str] = {}
-        give_up_at = time.monotonic() + _RELEASE_SECONDS
+        give_up_at = self._ctx.clock.monotonic() + _RELEASE_SECONDS
         for cell, (what, cancel) in sides.items():
             while True:
                 try:
@@ -549,7 +550,7 @@ class MoveController:
                     break
                 except (CellplaneError, asyncio.TimeoutError) as error:
                     left[cell] = f"{what} in cell {cell} ({error or 'no answer'})"
-                    if time.monotonic() >= give_up_at:
+                    if self._ctx.clock.monotonic() >= give_up_at:
                         break
                     await asyncio.sleep(1.0)
         return list(left.values())
@@ -569,7 +570,7 @@ class MoveController:
         """A step failed. The move says so (never silently), and gives up at its progress
         deadline if it is still before its cutover. True once the move has ended."""
         try:
-            now = time.monotonic()
+            now = self._ctx.clock.monotonic()
             if run.failing_since is None:
                 run.failing_since = now
             body = self._ctx.cache.moves.get(key)
@@ -622,7 +623,7 @@ class MoveController:
         run.epochs = self._cell_epochs(copy)
         totals = await copy.start()
         run.totals, run.copied = totals, {table: 0 for table in TABLES}
-        started, copied = time.monotonic(), 0
+        started, copied = self._ctx.clock.monotonic(), 0
         for table in TABLES:
             async def on_page(rows: int, table: str = table) -> None:
                 assert run.copied is not None
@@ -633,7 +634,7 @@ class MoveController:
 
             copied += await copy.copy_table(table, on_page)
             failpoint("move-copying", body["metadata"]["name"])
-        elapsed = max(time.monotonic() - started, 1e-3)
+        elapsed = max(self._ctx.clock.monotonic() - started, 1e-3)
         run.rows_per_second = copied / elapsed
         await self._progress(body, run, copy, MovePhase.CATCHING_UP, "CatchingUp",
                              f"copied {copied} rows at {run.rows_per_second:.0f} rows/s; "
@@ -650,7 +651,7 @@ class MoveController:
         if run.epochs is None:
             run.epochs = self._cell_epochs(copy)
         if run.catching_up_since is None:
-            run.catching_up_since = time.monotonic()
+            run.catching_up_since = self._ctx.clock.monotonic()
         deadline = self._ctx.settings.move_progress_deadline_seconds
         while True:
             self._check_abort(body)
@@ -665,8 +666,9 @@ class MoveController:
             budget = spec.max_write_pause_seconds
             over_budget = fixed_pause_over_budget(fixed_pause_seconds=fixed,
                                                   max_pause_seconds=budget)
-            if gives_up(MovePhase.CATCHING_UP, failing_seconds=time.monotonic()
-                        - run.catching_up_since, deadline_seconds=deadline):
+            catching_up = self._ctx.clock.monotonic() - run.catching_up_since
+            if gives_up(MovePhase.CATCHING_UP, failing_seconds=catching_up,
+                        deadline_seconds=deadline):
                 raise _CannotCutOver(
                     "PauseOverBudget" if over_budget else "DeltaNeverFits",
                     f"no cutover fitted the {budget:g}s write-pause budget within {deadline:g}s "
@@ -698,14 +700,14 @@ class MoveController:
         """Times the verification's checksums on live data: inside the pause they are its
         largest fixed part. The fastest timing counts, so that one taken under a passing
         load does not hold a move back for good; timed again at most every few seconds."""
-        now = time.monotonic()
+        now = self._ctx.clock.monotonic()
         if run.checks_timed_at is not None and now - run.checks_timed_at < _RETIME_CHECKSUMS_SECONDS:
             return
         await copy.checksums()
-        took = time.monotonic() - now
+        took = self._ctx.clock.monotonic() - now
         first = run.checks_timed_at is None
         run.check_seconds = took if first else min(run.check_seconds, took)
-        run.checks_timed_at = time.monotonic()
+        run.checks_timed_at = self._ctx.clock.monotonic()
 
     async def _say_over_budget(self, body: dict[str, Any], run: _Run, copy: TenantCopy,
                                fixed: float, budget: float, pending: int) -> None:
@@ -973,7 +975,7 @@ class MoveController:
     async def _progress(self, body: dict[str, Any], run: _Run, copy: TenantCopy,
                         phase: MovePhase, reason: str, message: str, *, delta: int | None = None,
                         force: bool = False) -> None:
-        now = time.monotonic()
+        now = self._ctx.clock.monotonic()
         current_phase = (body.get("status") or {}).get("phase")
         if not force and current_phase == phase.value \
                 and now - run.last_progress < _PROGRESS_EVERY_SECONDS:
