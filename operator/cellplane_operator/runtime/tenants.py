@@ -35,7 +35,8 @@ from cellplane_operator.domain.placement import (
 from cellplane_operator.domain.moves import MOVING_PHASES
 from cellplane_operator.domain.routing import KEY_PREFIX, key_digest
 from cellplane_operator.domain.tenants import (
-    REFUSED_BY_CELL, TenantProgress, name_problem, plan_tenant_status, refused_by_cell,
+    REFUSED_BY_CELL, TenantCell, TenantProgress, WaitForTenantCell, name_problem,
+    plan_tenant_status, provisioning_cell, refused_by_cell,
 )
 from cellplane_operator.errors import CellApiError, CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
@@ -227,24 +228,14 @@ class TenantController:
         if tenant.isolation is Tier.DEDICATED:
             await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running)
         cell = self._ctx.cache.cells.get(record.cell)
-        cell_status = (cell or {}).get("status") or {}
-        phase, endpoints = cell_status.get("phase"), cell_status.get("endpoints") or {}
-        fence = requested_fence(((cell or {}).get("metadata") or {}).get("annotations"))
-        if fence is not None:
-            # A person stopped the cell's writes on purpose: say so, rather than
-            # "not ready", so the tenant's owner knows who to ask.
-            await self._report(key, body, replace(
-                progress, reason="CellFenced",
-                message=f"cell {record.cell} is fenced ({fence.reason}): writes are refused "
-                        f"until `kubectl cellplane unfence {record.cell}`"))
+        endpoints = ((cell or {}).get("status") or {}).get("endpoints") or {}
+        where = provisioning_cell(record.cell, None if cell is None else _tenant_cell(cell))
+        if isinstance(where, WaitForTenantCell):
+            await self._report(key, body, replace(progress, reason=where.reason,
+                                                  message=where.message))
             self._retries.later(key)
             return
-        if cell is None or phase not in SERVING_PHASES or not endpoints.get("admin"):
-            await self._report(key, body, replace(
-                progress, message=f"cell {record.cell} is {phase or 'not reporting yet'}; the "
-                                "tenant is provisioned there once it serves"))
-            self._retries.later(key)
-            return
+        assert cell is not None
         # The cell's URL policy too: tightened, the tenant's URLs are put to it again
         # (and refused with a condition) rather than the tenant left Ready.
         applied = (tenant.generation, record.cell, record.epoch, _allows_private(cell))
@@ -253,7 +244,8 @@ class TenantController:
             secret_name, api_key, webhook_secret = await self._ensure_secret(body, tenant, record)
             failpoint("tenant-after-secret", str(key))
             try:
-                await self._provision(tenant, record, endpoints["admin"], api_key, webhook_secret)
+                await self._provision(tenant, record, where.admin_endpoint, api_key,
+                                      webhook_secret)
             except CellApiError as error:
                 if error.status not in REFUSED_BY_CELL:
                     # Unreachable, or failing on its side: said in the status as well as
@@ -284,9 +276,9 @@ class TenantController:
             self._provisioned[key] = applied
             await self._announce_provisioned(body, tenant, record, quotas)
         await self._report(key, body, replace(
-            progress, phase="Degraded" if phase == "Degraded" else "Ready", reason="Provisioned",
+            progress, phase="Degraded" if where.degraded else "Ready", reason="Provisioned",
             api_endpoint=endpoints.get("api"), api_key_secret=secret_name,
-            cell_degraded=phase == "Degraded"))
+            cell_degraded=where.degraded))
         # Only once its status is written too: a refused status write backs off as well.
         self._retries.reset(key)
 
@@ -733,6 +725,14 @@ def _is_dns_label(name: str) -> bool:
 def _cell_answer(error: CellApiError) -> str:
     """The cell's own words for a refusal (its message and code), else the whole error."""
     return f"{error.detail} ({error.code})" if error.detail else str(error)
+
+
+def _tenant_cell(cell: dict[str, Any]) -> TenantCell:
+    status = cell.get("status") or {}
+    admin = (status.get("endpoints") or {}).get("admin")
+    return TenantCell(phase=status.get("phase"),
+                      admin_endpoint=str(admin) if admin else None,
+                      fence=requested_fence(cell["metadata"].get("annotations")))
 
 
 def _allows_private(cell: dict[str, Any]) -> bool:

@@ -1,0 +1,41 @@
+"""Whether a placed tenant may be provisioned in its cell now, decided purely."""
+
+from __future__ import annotations
+
+from cellplane_operator.domain.fencing import ManualFence
+from cellplane_operator.domain.tenants import (
+    ProvisionIn, TenantCell, WaitForTenantCell, provisioning_cell,
+)
+
+ADMIN = "http://127.0.0.1:9001"
+
+
+def test_a_ready_cell_with_an_admin_endpoint_takes_the_tenant() -> None:
+    assert provisioning_cell("c1", TenantCell("Ready", ADMIN)) == ProvisionIn(ADMIN, degraded=False)
+    assert provisioning_cell("c1", TenantCell("Draining", ADMIN)) == ProvisionIn(ADMIN,
+                                                                                degraded=False)
+
+
+def test_a_degraded_cell_takes_the_tenant_and_says_so() -> None:
+    assert provisioning_cell("c1", TenantCell("Degraded", ADMIN)) == ProvisionIn(ADMIN,
+                                                                                degraded=True)
+
+
+def test_a_cell_not_serving_or_without_admin_endpoint_is_waited_for() -> None:
+    assert provisioning_cell("c1", TenantCell("Pending", ADMIN)) == WaitForTenantCell(
+        "CellNotReady", "cell c1 is Pending; the tenant is provisioned there once it serves")
+    assert provisioning_cell("c1", TenantCell("Ready", None)) == WaitForTenantCell(
+        "CellNotReady", "cell c1 is Ready; the tenant is provisioned there once it serves")
+
+
+def test_a_missing_cell_or_one_without_a_phase_is_not_reporting_yet() -> None:
+    said = "cell c1 is not reporting yet; the tenant is provisioned there once it serves"
+    assert provisioning_cell("c1", None) == WaitForTenantCell("CellNotReady", said)
+    assert provisioning_cell("c1", TenantCell(None, None)) == WaitForTenantCell("CellNotReady", said)
+
+
+def test_a_fenced_cell_says_who_fenced_it_even_when_it_serves() -> None:
+    fenced = TenantCell("Ready", ADMIN, ManualFence("disk swap"))
+    assert provisioning_cell("c1", fenced) == WaitForTenantCell(
+        "CellFenced", "cell c1 is fenced (disk swap): writes are refused until "
+                      "`kubectl cellplane unfence c1`")
