@@ -47,6 +47,7 @@ from cellplane_operator.api import v1alpha1
 from cellplane_operator.domain.cells import SERVING_PHASES, Region, Tier
 from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.dedicated import made_for_move, move_target_name
+from cellplane_operator.domain.move_copy import changed_primary, checksum_seconds, copy_rate
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
     MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, KeepSource, MovePhase,
@@ -657,10 +658,8 @@ class MoveController:
             self._check_abort(body)
             self._check_takeover(copy, run)
             round_ = await copy.catch_up()
-            if round_.rows >= 500:
-                measured = round_.rows / max(round_.seconds, 1e-3)
-                run.rows_per_second = (measured if run.rows_per_second == 0.0
-                                       else 0.5 * run.rows_per_second + 0.5 * measured)
+            run.rows_per_second = copy_rate(run.rows_per_second, rows=round_.rows,
+                                            seconds=round_.seconds)
             failpoint("move-catching-up", body["metadata"]["name"])
             fixed = _FIXED_PAUSE_FLOOR_SECONDS + run.check_seconds
             budget = spec.max_write_pause_seconds
@@ -705,8 +704,8 @@ class MoveController:
             return
         await copy.checksums()
         took = self._ctx.clock.monotonic() - now
-        first = run.checks_timed_at is None
-        run.check_seconds = took if first else min(run.check_seconds, took)
+        run.check_seconds = checksum_seconds(
+            None if run.checks_timed_at is None else run.check_seconds, took)
         run.checks_timed_at = self._ctx.clock.monotonic()
 
     async def _say_over_budget(self, body: dict[str, Any], run: _Run, copy: TenantCopy,
@@ -911,11 +910,10 @@ class MoveController:
     def _check_takeover(self, copy: TenantCopy, run: _Run) -> None:
         if run.epochs is None:
             return
-        now = self._cell_epochs(copy)
-        for cell, before, after in zip((copy.source.cell, copy.target.cell), run.epochs, now):
-            if after != before:
-                raise _CellTookOver(f"cell {cell} changed its primary (epoch {before} -> "
-                                    f"{after}) during the copy")
+        changed = changed_primary((copy.source.cell, copy.target.cell), run.epochs,
+                                  self._cell_epochs(copy))
+        if changed is not None:
+            raise _CellTookOver(changed.message)
 
     async def _copy_again(self, body: dict[str, Any], run: _Run, why: str) -> None:
         """Both ends forget this copy; the next step copies from the start."""
