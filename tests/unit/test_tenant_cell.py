@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cellplane_operator.domain.fencing import ManualFence
 from cellplane_operator.domain.tenants import (
-    ProvisionIn, TenantCell, WaitForTenantCell, provisioning_cell,
+    ProvisionIn, TenantCell, WaitForTenantCell, provisioned_event, provisioning_cell,
 )
 
 ADMIN = "http://127.0.0.1:9001"
@@ -39,3 +39,23 @@ def test_a_fenced_cell_says_who_fenced_it_even_when_it_serves() -> None:
     assert provisioning_cell("c1", fenced) == WaitForTenantCell(
         "CellFenced", "cell c1 is fenced (disk swap): writes are refused until "
                       "`kubectl cellplane unfence c1`")
+
+
+def test_the_first_provisioning_in_a_cell_is_announced() -> None:
+    assert provisioned_event({}, cell="c1", generation=1) == "Provisioned"
+    # Serving from another cell (a move's target) or not serving yet: new there.
+    assert provisioned_event({"cell": "c0", "phase": "Ready", "observedGeneration": 1},
+                             cell="c1", generation=1) == "Provisioned"
+    assert provisioned_event({"cell": "c1", "phase": "Provisioning", "observedGeneration": 1},
+                             cell="c1", generation=1) == "Provisioned"
+
+
+def test_a_new_generation_in_the_serving_cell_is_quotas_applied() -> None:
+    for phase in ("Ready", "Degraded"):
+        assert provisioned_event({"cell": "c1", "phase": phase, "observedGeneration": 1},
+                                 cell="c1", generation=2) == "QuotasApplied"
+
+
+def test_provisioning_again_what_serves_already_is_not_news() -> None:
+    assert provisioned_event({"cell": "c1", "phase": "Ready", "observedGeneration": 2},
+                             cell="c1", generation=2) is None

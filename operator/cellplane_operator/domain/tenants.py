@@ -27,7 +27,8 @@ REFUSED_BY_CELL = frozenset({400, 413, 422})
 asking again changes nothing until the spec (or the cell's policy) does."""
 
 __all__ = ["TenantProgress", "plan_tenant_status", "REFUSED_BY_CELL", "refused_by_cell",
-           "name_problem", "TenantCell", "ProvisionIn", "WaitForTenantCell", "provisioning_cell"]
+           "name_problem", "TenantCell", "ProvisionIn", "WaitForTenantCell", "provisioning_cell",
+           "provisioned_event"]
 
 
 @dataclass(frozen=True)
@@ -171,3 +172,14 @@ def provisioning_cell(name: str, cell: TenantCell | None) -> ProvisionIn | WaitF
             "CellNotReady", f"cell {name} is {phase or 'not reporting yet'}; the tenant is "
                             "provisioned there once it serves")
     return ProvisionIn(cell.admin_endpoint, degraded=cell.phase == "Degraded")
+
+
+def provisioned_event(status: Mapping[str, Any], *, cell: str, generation: int) -> str | None:
+    """The Event's reason once the tenant is provisioned in ``cell`` at ``generation``,
+    given the Tenant's status as it stands: ``Provisioned`` when it first serves there,
+    ``QuotasApplied`` when a new generation reached the cell it serves from, None when a
+    new leader merely provisioned again what its predecessor had."""
+    serving_there = status.get("cell") == cell and status.get("phase") in ("Ready", "Degraded")
+    if serving_there and status.get("observedGeneration") == generation:
+        return None
+    return "QuotasApplied" if serving_there else "Provisioned"

@@ -36,7 +36,7 @@ from cellplane_operator.domain.moves import MOVING_PHASES
 from cellplane_operator.domain.routing import KEY_PREFIX, key_digest
 from cellplane_operator.domain.tenants import (
     REFUSED_BY_CELL, TenantCell, TenantProgress, WaitForTenantCell, name_problem,
-    plan_tenant_status, provisioning_cell, refused_by_cell,
+    plan_tenant_status, provisioned_event, provisioning_cell, refused_by_cell,
 )
 from cellplane_operator.errors import CellApiError, CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
@@ -286,12 +286,11 @@ class TenantController:
                                     record: PlacementRecord, quotas: Quotas) -> None:
         """An Event when the tenant first serves in its cell or its quotas changed; none
         when a new leader merely provisions again what its predecessor had."""
-        status = body.get("status") or {}
-        serving_there = status.get("cell") == record.cell and status.get("phase") in (
-            "Ready", "Degraded")
-        if serving_there and status.get("observedGeneration") == tenant.generation:
+        reason = provisioned_event(body.get("status") or {}, cell=record.cell,
+                                   generation=tenant.generation)
+        if reason is None:
             return
-        await self._ctx.event(body, "Normal", "QuotasApplied" if serving_there else "Provisioned",
+        await self._ctx.event(body, "Normal", reason,
                               f"tenant {record.tenant_id} in cell {record.cell}: "
                               f"{quotas.max_running} running, {quotas.jobs_per_second:g} jobs/s, "
                               f"burst {quotas.burst} (generation {tenant.generation})")
