@@ -47,13 +47,16 @@ from cellplane_operator.api import v1alpha1
 from cellplane_operator.domain.cells import SERVING_PHASES, Region, Tier
 from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.dedicated import made_for_move, move_target_name
-from cellplane_operator.domain.move_copy import changed_primary, checksum_seconds, copy_rate
+from cellplane_operator.domain.move_copy import (
+    CatchUpRound, CutOver, NeverFits, OverBudget, after_catch_up_round, changed_primary,
+    checksum_seconds, copy_rate,
+)
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
     MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, KeepSource, MovePhase,
     MoveRequest, Overrun, QueuedMove, RecordView, RefusalReason, Refused, Resume, admit_move,
-    after_overrun, differing_tables, fixed_pause_over_budget, gives_up, may_abort, moves_ahead,
-    ready_to_cut_over, resume, source_retention, target_epoch, waiting_refusal_phase,
+    after_overrun, differing_tables, gives_up, may_abort, moves_ahead, resume, source_retention,
+    target_epoch, waiting_refusal_phase,
 )
 from cellplane_operator.domain.moves import refused_urls
 from cellplane_operator.domain.placement import (
@@ -663,29 +666,21 @@ class MoveController:
             failpoint("move-catching-up", body["metadata"]["name"])
             fixed = _FIXED_PAUSE_FLOOR_SECONDS + run.check_seconds
             budget = spec.max_write_pause_seconds
-            over_budget = fixed_pause_over_budget(fixed_pause_seconds=fixed,
-                                                  max_pause_seconds=budget)
-            catching_up = self._ctx.clock.monotonic() - run.catching_up_since
-            if gives_up(MovePhase.CATCHING_UP, failing_seconds=catching_up,
-                        deadline_seconds=deadline):
-                raise _CannotCutOver(
-                    "PauseOverBudget" if over_budget else "DeltaNeverFits",
-                    f"no cutover fitted the {budget:g}s write-pause budget within {deadline:g}s "
-                    "(the progress deadline): " + (
-                        f"the pause's fixed part alone takes {fixed:.2f}s" if over_budget else
-                        f"{round_.pending} changes were left to copy at "
-                        f"{run.rows_per_second:.0f} rows/s")
-                    + f"; the tenant stays in cell {copy.source.cell}")
-            if over_budget:
+            after = after_catch_up_round(CatchUpRound(
+                pending=round_.pending, rows_per_second=run.rows_per_second,
+                fixed_pause_seconds=fixed, max_pause_seconds=budget,
+                catching_up_seconds=self._ctx.clock.monotonic() - run.catching_up_since,
+                deadline_seconds=deadline), source_cell=copy.source.cell)
+            if isinstance(after, NeverFits):
+                raise _CannotCutOver(after.reason, after.message)
+            if isinstance(after, OverBudget):
                 await self._say_over_budget(body, run, copy, fixed, budget, round_.pending)
                 await self._time_checksums(copy, run)
             else:
                 await self._progress(body, run, copy, MovePhase.CATCHING_UP, "CatchingUp",
                                      f"{round_.pending} changes left to copy",
                                      delta=round_.pending)
-                if ready_to_cut_over(delta_rows=round_.pending,
-                                     rows_per_second=run.rows_per_second,
-                                     max_pause_seconds=budget, fixed_pause_seconds=fixed):
+                if isinstance(after, CutOver):
                     return True
             if round_.rows == 0:
                 await asyncio.sleep(0.2)
