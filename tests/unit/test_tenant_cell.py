@@ -1,10 +1,14 @@
-"""Whether a placed tenant may be provisioned in its cell now, decided purely."""
+"""A placed tenant and its cell, decided purely: may it be provisioned there now, and
+which of its progress is news for an Event."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cellplane_operator.domain.fencing import ManualFence
 from cellplane_operator.domain.tenants import (
-    ProvisionIn, TenantCell, WaitForTenantCell, provisioned_event, provisioning_cell,
+    ForgetSaid, ProvisionIn, SayProgress, TenantCell, TenantProgress, WaitForTenantCell,
+    progress_news, provisioned_event, provisioning_cell,
 )
 
 ADMIN = "http://127.0.0.1:9001"
@@ -59,3 +63,34 @@ def test_a_new_generation_in_the_serving_cell_is_quotas_applied() -> None:
 def test_provisioning_again_what_serves_already_is_not_news() -> None:
     assert provisioned_event({"cell": "c1", "phase": "Ready", "observedGeneration": 2},
                              cell="c1", generation=2) is None
+
+
+def progress(phase: str, reason: str, message: str = "m", refused: bool = False) -> TenantProgress:
+    return TenantProgress(phase, reason, message, refused=refused)
+
+
+def test_an_obstacle_is_said_once_per_reason() -> None:
+    waiting = progress("Provisioning", "CellNotReady", "cell c1 is Pending")
+    assert progress_news(waiting, said_before=None) == SayProgress("Normal", "CellNotReady")
+    assert progress_news(replace(waiting, message="cell c1 is Degraded"),
+                         said_before="CellNotReady") is None
+    assert progress_news(replace(waiting, reason="CellFenced"),
+                         said_before="CellNotReady") == SayProgress("Normal", "CellFenced")
+
+
+def test_unplaceable_and_refused_are_warnings_and_a_refusal_is_said_per_field() -> None:
+    assert progress_news(progress("Unplaceable", "NoCapacity"), said_before=None) == SayProgress(
+        "Warning", "NoCapacity")
+    refused = progress("Provisioning", "RefusedByCell", "spec.targets[0] refused", refused=True)
+    news = progress_news(refused, said_before=None)
+    assert news == SayProgress("Warning", "RefusedByCell: spec.targets[0] refused")
+    assert progress_news(refused, said_before=news.said if news else None) is None
+    assert progress_news(replace(refused, message="spec.webhooks[0] refused"),
+                         said_before="RefusedByCell: spec.targets[0] refused") == SayProgress(
+        "Warning", "RefusedByCell: spec.webhooks[0] refused")
+
+
+def test_serving_forgets_what_was_said() -> None:
+    for phase in ("Ready", "Degraded"):
+        assert progress_news(progress(phase, "Provisioned"), said_before="CellNotReady") == \
+            ForgetSaid()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from cellplane_cells.domain.plans import Quotas
 
@@ -28,7 +28,7 @@ asking again changes nothing until the spec (or the cell's policy) does."""
 
 __all__ = ["TenantProgress", "plan_tenant_status", "REFUSED_BY_CELL", "refused_by_cell",
            "name_problem", "TenantCell", "ProvisionIn", "WaitForTenantCell", "provisioning_cell",
-           "provisioned_event"]
+           "provisioned_event", "SayProgress", "ForgetSaid", "progress_news"]
 
 
 @dataclass(frozen=True)
@@ -183,3 +183,30 @@ def provisioned_event(status: Mapping[str, Any], *, cell: str, generation: int) 
     if serving_there and status.get("observedGeneration") == generation:
         return None
     return "QuotasApplied" if serving_there else "Provisioned"
+
+
+@dataclass(frozen=True)
+class SayProgress:
+    """An Event about the tenant's progress, remembered as ``said`` so it is said once."""
+
+    type: Literal["Normal", "Warning"]
+    said: str
+
+
+@dataclass(frozen=True)
+class ForgetSaid:
+    """The tenant serves: what was said is forgotten, so a later obstacle is said again."""
+
+
+def progress_news(progress: TenantProgress, *,
+                  said_before: str | None) -> SayProgress | ForgetSaid | None:
+    """Whether the tenant's progress is news for an Event: once per reason while it does
+    not serve (a refusal once per refused field too: its message names it), a Warning
+    when it cannot be placed or its spec is refused; None when it was said already."""
+    if progress.phase in ("Ready", "Degraded"):
+        return ForgetSaid()
+    said = f"{progress.reason}: {progress.message}" if progress.refused else progress.reason
+    if said == said_before:
+        return None
+    warning = progress.phase == "Unplaceable" or progress.refused
+    return SayProgress("Warning" if warning else "Normal", said)

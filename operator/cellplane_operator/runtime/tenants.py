@@ -35,8 +35,9 @@ from cellplane_operator.domain.placement import (
 from cellplane_operator.domain.moves import MOVING_PHASES
 from cellplane_operator.domain.routing import KEY_PREFIX, key_digest
 from cellplane_operator.domain.tenants import (
-    REFUSED_BY_CELL, TenantCell, TenantProgress, WaitForTenantCell, name_problem,
-    plan_tenant_status, provisioned_event, provisioning_cell, refused_by_cell,
+    REFUSED_BY_CELL, ForgetSaid, SayProgress, TenantCell, TenantProgress, WaitForTenantCell,
+    name_problem, plan_tenant_status, progress_news, provisioned_event, provisioning_cell,
+    refused_by_cell,
 )
 from cellplane_operator.errors import CellApiError, CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
@@ -699,14 +700,11 @@ class TenantController:
         meta = body["metadata"]
         await self._ctx.kube.patch(TENANTS, meta["name"], {"status": status},
                                    namespace=meta["namespace"], subresource="status")
-        # Once per reason; a refusal once per refused field too (its message names it).
-        said = f"{progress.reason}: {progress.message}" if progress.refused else progress.reason
-        if progress.phase not in ("Ready", "Degraded") and self._announced.get(key) != said:
-            self._announced[key] = said
-            warning = progress.phase in ("Unplaceable",) or progress.refused
-            await self._ctx.event(body, "Warning" if warning else "Normal", progress.reason,
-                                  progress.message)
-        elif progress.phase in ("Ready", "Degraded"):
+        news = progress_news(progress, said_before=self._announced.get(key))
+        if isinstance(news, SayProgress):
+            self._announced[key] = news.said
+            await self._ctx.event(body, news.type, progress.reason, progress.message)
+        elif isinstance(news, ForgetSaid):
             self._announced.pop(key, None)
 
 
