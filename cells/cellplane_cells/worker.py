@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool
 
 from cellplane_cells import jobqueue, moves
 from cellplane_cells.db import ThreadedDatabase
-from cellplane_cells.domain.retry import RetryPolicy, decide
+from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_seconds
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
@@ -260,7 +260,7 @@ class Worker:
                 response = await self._http.post(url, content=body, headers=headers,
                                                  timeout=self._config.call_timeout_seconds)
                 status = response.status_code
-                retry_after = _retry_after(response)
+                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
             except EgressRefused as refused:
                 # The URL policy refused the target's address (a row that came by import
                 # or a move, a tightened policy, a name that resolves elsewhere now):
@@ -300,14 +300,6 @@ def _call_context(conn: psycopg.Connection[Any], tenant_id: str, target: str) ->
     row = conn.execute(query("call_context"), {"tenant_id": tenant_id, "target": target}).fetchone()
     conn.commit()
     return (str(row[0]), str(row[1])) if row else None
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _cost_of(response: httpx.Response) -> int:

@@ -24,13 +24,14 @@ import psycopg
 import pytest
 
 from cellplane_cells.roles import API_ROLE
+from cellplane_operator.domain.reconciliation import lsn_to_int
 from cellplane_operator.errors import AgentUnreachable, SiteError
 from cellplane_operator.localplane import Binaries
 from cellplane_operator.localplane.pgauth import new_password, write_passfile
 from cellplane_operator.localplane.ports import LOOPBACK, free_port
 from cellplane_operator.localplane.postgres import SUPERUSER
 from cellplane_operator.sites.agent_client import AgentStatus, SiteAgentClient
-from cellplane_operator.sites.base import SiteKey, wal_position
+from cellplane_operator.sites.base import SiteKey
 from cellplane_operator.sites.credentials import ROLES
 from cellplane_operator.sites.local import site_process_ids, stop_all_sites
 from cellplane_operator.sites.processes import start_time, wait_gone
@@ -320,7 +321,7 @@ async def test_failover_and_rebuild_through_two_agents(workspace: Agents) -> Non
 
     async def replayed(client: SiteAgentClient) -> bool:
         found: AgentStatus = await client.status(restart=False)
-        return found.replay_lsn is not None and wal_position(found.replay_lsn) >= wal_position(lsn)
+        return found.replay_lsn is not None and lsn_to_int(found.replay_lsn) >= lsn_to_int(lsn)
 
     await until(lambda: replayed(client_b), f"b to replay up to {lsn}")
     promoted = await client_b.promote()

@@ -31,10 +31,11 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from cellplane_operator.domain.reconciliation import lsn_to_int
 from cellplane_operator.errors import SiteError
 from cellplane_operator.localplane.postgres import postgres_os_user
 from cellplane_operator.sites import DatabaseEndpoint, SiteKey
-from cellplane_operator.sites.base import ServingSpec, wal_position
+from cellplane_operator.sites.base import ServingSpec
 from cellplane_operator.sites.state import DatabaseIntent
 from sitefixtures import Sites, alive, run_sites
 
@@ -85,7 +86,7 @@ async def _until(condition: Callable[[], bool | Awaitable[bool]], *, timeout: fl
 async def _replayed(sites: Sites, site: SiteKey, lsn: str) -> bool:
     """The standby's replay, as ``check`` reports it, has reached ``lsn``."""
     replay = (await sites.driver.check(site)).replay_lsn
-    return replay is not None and wal_position(replay) >= wal_position(lsn)
+    return replay is not None and lsn_to_int(replay) >= lsn_to_int(lsn)
 
 
 def _sender_port(standby: DatabaseEndpoint) -> int:

@@ -8,10 +8,11 @@ the request itself is wrong and will be wrong again.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["RetryPolicy", "Outcome", "classify_status", "decide"]
+__all__ = ["RetryPolicy", "Outcome", "classify_status", "decide", "retry_after_seconds"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +55,16 @@ def decide(
         # The target said when it can take more; never earlier than that.
         delay = max(delay, min(retry_after_seconds, policy.cap_seconds))
     return Outcome(permanent=False, delay_seconds=delay, error_code=code)
+
+
+def retry_after_seconds(header: str | None) -> float | None:
+    """A ``Retry-After`` header's delay in seconds, never below 0; None when there is no
+    header or it is not a number (an HTTP date, which no cell sends: each caller has its
+    own fallback)."""
+    if header is None:
+        return None
+    try:
+        seconds = float(header)
+    except ValueError:
+        return None
+    return None if math.isnan(seconds) else max(seconds, 0.0)

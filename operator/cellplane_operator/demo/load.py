@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from cellplane_cells.domain.retry import retry_after_seconds
+
 from cellplane_operator.demo.summary import StepCall, step_call
 from cellplane_operator.localplane.ports import LOOPBACK
 
@@ -170,8 +172,8 @@ class TenantLoad:
 
 
 def _retry_after(answer: httpx.Response) -> float:
-    try:
-        seconds = float(answer.headers.get("Retry-After") or 1)
-    except ValueError:  # an HTTP date: not what the cell sends; wait the cap
-        seconds = _RETRY_AFTER_CAP_SECONDS
-    return min(max(seconds, 0.0), _RETRY_AFTER_CAP_SECONDS)
+    """The 429's delay, capped; 1 s without one, the cap for one that is no number."""
+    header = answer.headers.get("Retry-After") or None
+    seconds = 1.0 if header is None else retry_after_seconds(header)
+    return min(_RETRY_AFTER_CAP_SECONDS if seconds is None else seconds,
+               _RETRY_AFTER_CAP_SECONDS)

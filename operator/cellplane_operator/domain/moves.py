@@ -1,15 +1,16 @@
 """Tenant moves: whether a move may start, how its phases follow, and when to cut over.
 
-The rule (the scheduler seed's step 3.2): copy the tenant to the new cell while
-the old one serves; at an instant, the old cell stops for the tenant under the
-tenant's epoch N; the new cell starts under N+1; conditional writes refuse
-whatever the old cell still sends. Everything here is pure; the controller
-(issue #7) reads, asks these functions, acts and reports.
+The rule: copy the tenant to the new cell while the old one serves; at an
+instant, the old cell stops for the tenant under the tenant's epoch N; the new
+cell starts under N+1; conditional writes refuse whatever the old cell still
+sends. Everything here is pure; the controller (``runtime/moves.py``) reads,
+asks these functions, acts and reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -21,7 +22,9 @@ __all__ = ["MovePhase", "RefusalReason", "MoveRequest", "Admitted", "Refused", "
            "next_phase", "may_abort", "ready_to_cut_over", "fixed_pause_over_budget",
            "TERMINAL_PHASES", "waiting_refusal_phase", "gives_up", "CutoverClock",
            "cutover_reserve", "after_overrun", "Overrun", "MAX_CUTOVER_ATTEMPTS",
-           "MOVING_PHASES", "differing_tables", "Resume", "RecordView", "resume"]
+           "MOVING_PHASES", "differing_tables", "Resume", "RecordView", "resume",
+           "QueuedMove", "moves_ahead", "target_epoch", "KeepSource", "RetireSource",
+           "source_retention"]
 
 
 class MovePhase(StrEnum):
@@ -204,6 +207,65 @@ def gives_up(phase: MovePhase, *, failing_seconds: float, deadline_seconds: floa
     cutover: from there on the source may be frozen, and the move must end it (undo
     or finish), never leave it."""
     return may_abort(phase) and failing_seconds >= deadline_seconds
+
+
+# -- one move of a tenant at a time ------------------------------------------------
+
+@dataclass(frozen=True)
+class QueuedMove:
+    """A TenantMove of the tenant, as far as the order of moves cares."""
+
+    name: str
+    phase: MovePhase
+    created: str
+    """Its creationTimestamp as the apiserver wrote it (RFC 3339 in UTC: its text sorts
+    in time order); empty if it has none yet."""
+
+
+def moves_ahead(move: QueuedMove, others: Iterable[QueuedMove]) -> tuple[str, ...]:
+    """The names of the tenant's other moves that go before ``move``: every one already
+    admitted (past Pending, not ended), and every Pending one created earlier (the
+    name breaks a tie). Ended moves hold nothing. So of several moves asked at once,
+    the oldest starts and the others wait for it, whichever the leader looks at first."""
+    mine = (move.created, move.name)
+    return tuple(other.name for other in others
+                 if other.name != move.name and other.phase not in TERMINAL_PHASES
+                 and (other.phase is not MovePhase.PENDING or (other.created, other.name) < mine))
+
+
+def target_epoch(record: RecordView, *, source: str) -> int:
+    """The tenant's epoch in the target cell: one above the record's while the record
+    still names the source (the commit will raise it so); the record's own once the
+    commit named the target."""
+    return record.epoch + 1 if record.cell == source else record.epoch
+
+
+# -- the source kept after a dedicated tenant's move -----------------------------
+
+_RETENTION_LOOK_SECONDS = 3600.0
+"""A source kept longer than this is looked at again within the hour all the same."""
+
+
+@dataclass(frozen=True)
+class KeepSource:
+    """The retention has not passed: look again in ``wait_seconds``."""
+
+    wait_seconds: float
+
+
+@dataclass(frozen=True)
+class RetireSource:
+    """The retention has passed: the old dedicated cell may go."""
+
+
+def source_retention(*, completed_at: datetime.datetime, retain_seconds: int,
+                     now: datetime.datetime) -> KeepSource | RetireSource:
+    """Whether a completed move's old dedicated cell, which holds only the retained
+    read-only copy, is still kept (``retainSourceForSeconds`` since completion)."""
+    remaining = (completed_at + datetime.timedelta(seconds=retain_seconds) - now).total_seconds()
+    if remaining > 0:
+        return KeepSource(min(remaining, _RETENTION_LOOK_SECONDS))
+    return RetireSource()
 
 
 # -- the write pause's bound -----------------------------------------------------

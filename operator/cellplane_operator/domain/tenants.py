@@ -12,11 +12,13 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from cellplane_cells.domain.plans import Quotas
 
+from cellplane_operator.domain.cells import SERVING_PHASES
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
+from cellplane_operator.domain.fencing import ManualFence
 
 _LABEL_VALUE_MAX = 63
 
@@ -25,7 +27,8 @@ REFUSED_BY_CELL = frozenset({400, 413, 422})
 asking again changes nothing until the spec (or the cell's policy) does."""
 
 __all__ = ["TenantProgress", "plan_tenant_status", "REFUSED_BY_CELL", "refused_by_cell",
-           "name_problem"]
+           "name_problem", "TenantCell", "ProvisionIn", "WaitForTenantCell", "provisioning_cell",
+           "provisioned_event", "SayProgress", "ForgetSaid", "progress_news"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +124,89 @@ def refused_by_cell(*, cell: str, answer: str, targets: Sequence[tuple[str, str]
                                   refused=True)
     return TenantProgress("Provisioning", "SpecRefused",
                           f"cell {cell} refuses the tenant's spec: {answer}", refused=True)
+
+
+# -- whether the tenant's cell can take it now ----------------------------------------
+
+
+@dataclass(frozen=True)
+class TenantCell:
+    """The cell the tenant's record names, as its Cell object says."""
+
+    phase: str | None
+    """Its status.phase; None before it reports one."""
+    admin_endpoint: str | None
+    fence: ManualFence | None = None
+    """The fence a person put on it, if any."""
+
+
+@dataclass(frozen=True)
+class ProvisionIn:
+    """The cell serves: provision the tenant through its admin API."""
+
+    admin_endpoint: str
+    degraded: bool
+    """The cell serves Degraded: the tenant is too, once provisioned."""
+
+
+@dataclass(frozen=True)
+class WaitForTenantCell:
+    """Not now: the tenant says why on its status and is looked at again with backoff."""
+
+    reason: str
+    message: str
+
+
+def provisioning_cell(name: str, cell: TenantCell | None) -> ProvisionIn | WaitForTenantCell:
+    """May the tenant be provisioned in its cell ``name`` now (None: no such Cell object)?
+
+    A fence a person put on is said as such rather than "not ready", so that the
+    tenant's owner knows who to ask."""
+    if cell is not None and cell.fence is not None:
+        return WaitForTenantCell(
+            "CellFenced", f"cell {name} is fenced ({cell.fence.reason}): writes are refused "
+                          f"until `kubectl cellplane unfence {name}`")
+    if cell is None or cell.phase not in SERVING_PHASES or not cell.admin_endpoint:
+        phase = cell.phase if cell is not None else None
+        return WaitForTenantCell(
+            "CellNotReady", f"cell {name} is {phase or 'not reporting yet'}; the tenant is "
+                            "provisioned there once it serves")
+    return ProvisionIn(cell.admin_endpoint, degraded=cell.phase == "Degraded")
+
+
+def provisioned_event(status: Mapping[str, Any], *, cell: str, generation: int) -> str | None:
+    """The Event's reason once the tenant is provisioned in ``cell`` at ``generation``,
+    given the Tenant's status as it stands: ``Provisioned`` when it first serves there,
+    ``QuotasApplied`` when a new generation reached the cell it serves from, None when a
+    new leader merely provisioned again what its predecessor had."""
+    serving_there = status.get("cell") == cell and status.get("phase") in ("Ready", "Degraded")
+    if serving_there and status.get("observedGeneration") == generation:
+        return None
+    return "QuotasApplied" if serving_there else "Provisioned"
+
+
+@dataclass(frozen=True)
+class SayProgress:
+    """An Event about the tenant's progress, remembered as ``said`` so it is said once."""
+
+    type: Literal["Normal", "Warning"]
+    said: str
+
+
+@dataclass(frozen=True)
+class ForgetSaid:
+    """The tenant serves: what was said is forgotten, so a later obstacle is said again."""
+
+
+def progress_news(progress: TenantProgress, *,
+                  said_before: str | None) -> SayProgress | ForgetSaid | None:
+    """Whether the tenant's progress is news for an Event: once per reason while it does
+    not serve (a refusal once per refused field too: its message names it), a Warning
+    when it cannot be placed or its spec is refused; None when it was said already."""
+    if progress.phase in ("Ready", "Degraded"):
+        return ForgetSaid()
+    said = f"{progress.reason}: {progress.message}" if progress.refused else progress.reason
+    if said == said_before:
+        return None
+    warning = progress.phase == "Unplaceable" or progress.refused
+    return SayProgress("Warning" if warning else "Normal", said)

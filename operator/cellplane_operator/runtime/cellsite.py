@@ -57,6 +57,9 @@ from cellplane_operator.domain.failover import (
 from cellplane_operator.domain.conditions import find_condition
 from cellplane_operator.domain.fencing import ManualFence, fence_event, requested_fence
 from cellplane_operator.domain.ownership import Role, database_grant
+from cellplane_operator.domain.primary_site import (
+    PrimaryProcesses, must_start_serving, status_write_due, worker_processes,
+)
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS
 from cellplane_operator.metrics import standby_gone, standby_observed, takeover_served
@@ -109,7 +112,7 @@ class CellSiteRunner:
         self._took_over_said: int | None = None
         self._kube_writes = PendingWrites(self.site.name)
         """Status and annotations, written beside the site's work: nothing from losing a
-        lease to serving and routing waits on the Kubernetes API (issue #18)."""
+        lease to serving and routing waits on the Kubernetes API."""
         self._restored = False
         self._serving_epoch: int | None = None
         self._serving_workers: int | None = None
@@ -295,13 +298,11 @@ class CellSiteRunner:
             # driver's agent restarted in its Pod waits to be told).
             self._database = None
         epoch = self._epoch
-        # Processes start only once the database holds this epoch's grant: a worker that
-        # the database refuses as stale stops taking work for good.
-        if epoch is not None and self._granted_epoch == epoch and health.database_up and (
-                health.epoch != epoch or self._serving_epoch != epoch
-                or self._serving_workers != self._workers()):
-            # Also when the processes run under this epoch already: an API warmed up on
-            # the standby this site was runs without workers until start_serving adds them.
+        if epoch is not None and must_start_serving(PrimaryProcesses(
+                epoch=epoch, granted_epoch=self._granted_epoch,
+                database_up=health.database_up, running_epoch=health.epoch,
+                serving_epoch=self._serving_epoch, serving_workers=self._serving_workers,
+                workers=self._workers())):
             health = await self._start_serving(epoch, token) or health
         serving = health.serving and epoch is not None and health.epoch == epoch
         if serving and epoch is not None:
@@ -415,10 +416,10 @@ class CellSiteRunner:
                         self.site.name, error)
 
     def _workers(self) -> int:
-        """No workers while a fence is asked for or the database still holds a fenced
-        grant: a worker the database refuses stops for good (and would be restarted)."""
         in_force = self._grant.fenced_by if self._grant is not None else None
-        return 0 if self.fence is not None or in_force is not None else self.cell.worker_processes
+        return worker_processes(configured=self.cell.worker_processes,
+                                fence_asked=self.fence is not None,
+                                fence_in_force=in_force is not None)
 
     async def _start_serving(self, epoch: int, token: str) -> SiteHealth | None:
         workers = self._workers()
@@ -507,10 +508,9 @@ class CellSiteRunner:
             # apiserver away) is made again, and a restarted operator makes it too.
             status["lastTakeover"] = took_over.to_status()
         now = self._ctx.clock.monotonic()
-        if status == self._last_status:
-            return
-        if (self._last_status is not None and _without_lag(status) == _without_lag(self._last_status)
-                and now - self._last_status_at < _STATUS_REFRESH_SECONDS):
+        if not status_write_due(status, self._last_status,
+                                seconds_since_last=now - self._last_status_at,
+                                refresh_seconds=_STATUS_REFRESH_SECONDS):
             return
         before = (self._last_status or current).get("phase")
         recorded = find_condition(self._last_status or current, "Fenced")
@@ -684,10 +684,3 @@ class CellSiteRunner:
 
 def _timestamp(moment: Any) -> str:
     return str(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
-
-
-def _without_lag(status: dict[str, Any]) -> dict[str, Any]:
-    trimmed = {k: v for k, v in status.items() if k != "standbyLagSeconds"}
-    trimmed["standbys"] = [{k: v for k, v in s.items() if k != "lagSeconds"}
-                           for s in status.get("standbys", [])]
-    return trimmed

@@ -21,22 +21,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import psycopg
 
+from cellplane_operator.clock import MonotonicClock
 from cellplane_operator.domain.failover import SWITCHOVER_TO, Handover
 from cellplane_operator.domain.ownership import database_grant
+from cellplane_operator.domain.switchover import (
+    SwitchoverRefused, TargetStandby, switchover_eligibility,
+)
 from cellplane_operator.errors import CellplaneError
+from cellplane_operator.ownership import LeaseHolder
+from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
+from cellplane_operator.ownership.table import GroupView
 from cellplane_operator.runtime.context import RegionContext
-from cellplane_operator.sites.base import DatabaseEndpoint
+from cellplane_operator.runtime.specs import CellSettings
+from cellplane_operator.sites.base import DatabaseEndpoint, SiteKey
+from cellplane_operator.sites.reports import SiteReport
 
-if TYPE_CHECKING:
-    from cellplane_operator.ownership.table import GroupView
-    from cellplane_operator.runtime.cellsite import CellSiteRunner
-
-__all__ = ["PlannedHandover", "CATCH_UP_TIMEOUT_SECONDS"]
+__all__ = ["PlannedHandover", "HandingSite", "CATCH_UP_TIMEOUT_SECONDS"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,27 @@ CATCH_UP_TIMEOUT_SECONDS = 10.0
 _REPLAYED_SQL = b"SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
 
 
+class HandingSite(Protocol):
+    """What the handover needs of the site that owns the cell (``CellSiteRunner``): named
+    here so that this module need not import the runner that runs it."""
+
+    cell: CellSettings
+    site: SiteKey
+
+    @property
+    def body(self) -> dict[str, Any]: ...
+
+    @property
+    def holder(self) -> LeaseHolder: ...
+
+    @property
+    def grant(self) -> CellDatabaseGrant: ...
+
+    def remove_annotations(self, keys: list[str]) -> None: ...
+
+
 class PlannedHandover:
-    def __init__(self, ctx: RegionContext, runner: CellSiteRunner) -> None:
+    def __init__(self, ctx: RegionContext, runner: HandingSite) -> None:
         self._ctx = ctx
         self._runner = runner
         self.in_progress = False
@@ -54,34 +77,41 @@ class PlannedHandover:
         self._refusal_said: str | None = None
 
     async def run(self, target: str, epoch: int, group: GroupView) -> None:
-        runner, ctx = self._runner, self._ctx
-        refusal, target_database, target_site = await self._check_target(target)
-        if refusal is not None or target_database is None:
-            if refusal != self._refusal_said:
-                self._refusal_said = refusal
-                await ctx.event(runner.body, "Warning", "SwitchoverRefused", refusal or "")
+        runner, ctx, clock = self._runner, self._ctx, self._ctx.clock
+        report = await self._target_report(target)
+        decision = switchover_eligibility(
+            target, site_regions=runner.cell.site_regions, standby=_standby(report),
+            max_lag_seconds=runner.cell.max_standby_lag_seconds)
+        if isinstance(decision, SwitchoverRefused):
+            if decision.message != self._refusal_said:
+                self._refusal_said = decision.message
+                await ctx.event(runner.body, "Warning", "SwitchoverRefused", decision.message)
             return
+        # The decision saw the report's database.
+        assert report is not None and report.database is not None
         self._refusal_said = None
         await ctx.event(runner.body, "Normal", "SwitchoverStarted",
                         f"handing epoch {epoch} from {ctx.region} to {target}: writes stop now")
-        began = time.monotonic()
+        began = clock.monotonic()
         self.in_progress = True
         try:
             await runner.grant.stop_acting(epoch, f"planned switchover to {target}")
             caught_up_lsn = await ctx.driver.demote_for_handover(runner.site)
-            stopped = time.monotonic()
-            if not await _replayed(target_database, caught_up_lsn, CATCH_UP_TIMEOUT_SECONDS):
+            stopped = clock.monotonic()
+            if not await _replayed(report.database, caught_up_lsn, CATCH_UP_TIMEOUT_SECONDS,
+                                   clock=clock):
                 await self._abort(epoch, target, caught_up_lsn)
                 return
-            caught_up = time.monotonic()
+            caught_up = clock.monotonic()
             handover = Handover(source_region=ctx.region, target_region=target,
-                                target_site=target_site, epoch=epoch, caught_up_lsn=caught_up_lsn)
+                                target_site=decision.target_site, epoch=epoch,
+                                caught_up_lsn=caught_up_lsn)
             if not await runner.holder.release(handover):
                 log.error("%s: the owner key was no longer ours at the handover",
                           runner.site.name)
         finally:
             self.in_progress = False
-        released = time.monotonic()
+        released = clock.monotonic()
         await ctx.event(runner.body, "Normal", "SwitchoverHandedOver",
                         f"epoch {epoch} released to {target} {released - began:.2f}s after "
                         f"writes stopped (clean shutdown {stopped - began:.2f}s, standby "
@@ -91,22 +121,12 @@ class PlannedHandover:
         except CellplaneError as error:
             log.warning("%s: could not stop the old API and workers: %s", runner.site.name, error)
 
-    async def _check_target(self, target: str) -> tuple[str | None, DatabaseEndpoint | None, str]:
+    async def _target_report(self, target: str) -> SiteReport | None:
+        """The target's site report; not read for a region the cell has no site in."""
         cell = self._runner.cell
         if target not in cell.site_regions:
-            return (f"cannot switch over to {target}: the cell has sites only in "
-                    f"{', '.join(cell.site_regions)}", None, "")
-        report = await self._ctx.reports.read(cell.name, target)
-        if report is None or report.role != "standby" or report.database is None:
-            return f"cannot switch over to {target}: its site is not a standby yet", None, ""
-        if not report.streaming:
-            return (f"cannot switch over to {target}: its standby is not streaming "
-                    f"({report.message or 'no reason given'})", None, "")
-        lag = report.lag_seconds or 0.0
-        if lag > cell.max_standby_lag_seconds:
-            return (f"cannot switch over to {target}: its standby is {lag:.1f}s behind "
-                    f"(max {cell.max_standby_lag_seconds:g}s)", None, "")
-        return None, report.database, report.site
+            return None
+        return await self._ctx.reports.read(cell.name, target)
 
     async def _abort(self, epoch: int, target: str, lsn: str) -> None:
         """The standby did not replay the last WAL in time: this site serves again, and the
@@ -125,13 +145,22 @@ class PlannedHandover:
         runner.remove_annotations([SWITCHOVER_TO])
 
 
-async def _replayed(database: DatabaseEndpoint, lsn: str, timeout: float) -> bool:
+def _standby(report: SiteReport | None) -> TargetStandby | None:
+    if report is None:
+        return None
+    return TargetStandby(role=report.role, site=report.site,
+                         has_database=report.database is not None, streaming=report.streaming,
+                         lag_seconds=report.lag_seconds, message=report.message)
+
+
+async def _replayed(database: DatabaseEndpoint, lsn: str, timeout: float, *,
+                    clock: MonotonicClock) -> bool:
     """Polls the standby until its replay reaches ``lsn`` (every 20 ms: this is the pause)."""
-    deadline = time.monotonic() + timeout
+    deadline = clock.monotonic() + timeout
     try:
         async with await psycopg.AsyncConnection.connect(database.conninfo, autocommit=True,
                                                          connect_timeout=2) as conn:
-            while time.monotonic() < deadline:
+            while clock.monotonic() < deadline:
                 row = await (await conn.execute(_REPLAYED_SQL, (lsn,))).fetchone()
                 if row is not None and row[0]:
                     return True

@@ -38,7 +38,6 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,17 +46,21 @@ from pydantic import ValidationError
 from cellplane_operator.api import v1alpha1
 from cellplane_operator.domain.cells import SERVING_PHASES, Region, Tier
 from cellplane_operator.domain.conditions import find_condition
+from cellplane_operator.domain.dedicated import made_for_move, move_target_name
+from cellplane_operator.domain.move_copy import (
+    CatchUpRound, CutOver, NeverFits, OverBudget, after_catch_up_round, changed_primary,
+    checksum_seconds, copy_rate,
+)
 from cellplane_operator.domain.move_status import MoveReport, plan_move_status
 from cellplane_operator.domain.moves import (
-    MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, MovePhase, MoveRequest, Overrun,
-    RecordView, RefusalReason, Refused, Resume, admit_move, after_overrun, differing_tables,
-    fixed_pause_over_budget, gives_up, may_abort, ready_to_cut_over, resume,
-    waiting_refusal_phase,
+    MAX_CUTOVER_ATTEMPTS, TERMINAL_PHASES, Admitted, CutoverClock, KeepSource, MovePhase,
+    MoveRequest, Overrun, QueuedMove, RecordView, RefusalReason, Refused, Resume, admit_move,
+    after_overrun, differing_tables, gives_up, may_abort, moves_ahead, resume, source_retention,
+    target_epoch, waiting_refusal_phase,
 )
 from cellplane_operator.domain.moves import refused_urls
 from cellplane_operator.domain.placement import (
-    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, dedicated_cell_name,
-    place,
+    CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, place,
 )
 from cellplane_operator.errors import CellApiError, CellplaneError
 from cellplane_operator.failpoints import delay, failpoint
@@ -123,7 +126,8 @@ class _Run:
     rows_per_second: float = 0.0
     check_seconds: float = 0.0
     checks_timed_at: float | None = None
-    """time.monotonic() of the last timing of the checksums; None: not timed in this copy."""
+    """The clock's monotonic reading at the last timing of the checksums; None: not timed
+    in this copy."""
     said_over_budget: bool = False
     totals: dict[str, int] | None = None
     copied: dict[str, int] | None = None
@@ -133,9 +137,10 @@ class _Run:
     overruns: int = 0
     """Cutovers that could not commit within the budget and gave the writes back."""
     catching_up_since: float | None = None
-    """time.monotonic() this move began catching up without a cutover since."""
+    """The clock's monotonic reading when this move began catching up (no cutover since)."""
     failing_since: float | None = None
-    """time.monotonic() of the first of the steps failing in a row; None: the last one passed."""
+    """The clock's monotonic reading at the first of the steps failing in a row; None: the
+    last one passed."""
     late_freeze: tuple[asyncio.Task[None], TenantCopy, int] | None = None
     """A freeze given up on at its deadline whose answer has not come: the cell may still
     apply it, so the source is unfrozen once more when it answers."""
@@ -274,8 +279,7 @@ class MoveController:
         source, target = str(status["sourceCell"]), str(status["targetCell"])
         # etcd, not memory: a new leader's tenant controller may not have read it yet.
         stored = await self._tenants.refresh(tenant_key, reconcile=False)
-        view = None if stored is None else RecordView(stored.record.cell, stored.record.epoch,
-                                                      stored.record.moving)
+        view = None if stored is None else _record_view(stored)
         decision = resume(phase, view, source=source, target=target)
         if decision is Resume.LOST:
             await self._end(body, run, None if stored is None else stored.record.tenant_id,
@@ -351,9 +355,8 @@ class MoveController:
         dedicated = tenant.isolation is Tier.DEDICATED
         if dedicated:
             # A dedicated tenant moves into a cell of its own, made for the move.
-            target_name = spec.target_cell or (
-                f"{dedicated_cell_name(tenant.namespace, tenant.name)[:54]}-"
-                f"{body['metadata']['uid'][:8]}")
+            target_name = spec.target_cell or move_target_name(
+                tenant.namespace, tenant.name, str(body["metadata"]["uid"]))
         else:
             target_name = spec.target_cell or self._pick_in_region(
                 tenant, str(spec.target_region), source, candidates)
@@ -422,12 +425,12 @@ class MoveController:
         done_at = datetime.datetime.fromisoformat(
             str(completed["lastTransitionTime"]).replace("Z", "+00:00"))
         retain = int(_spec(body).get("retainSourceForSeconds", 86400))
-        remaining = (done_at + datetime.timedelta(seconds=retain) - self._ctx.clock.now()
-                     ).total_seconds()
-        if remaining > 0:
+        retention = source_retention(completed_at=done_at, retain_seconds=retain,
+                                     now=self._ctx.clock.now())
+        if isinstance(retention, KeepSource):
             wake = self._wakes.setdefault(TenantKey(meta["namespace"], meta["name"]),
                                           asyncio.Event())
-            await _wait(wake, min(remaining, 3600.0))
+            await _wait(wake, retention.wait_seconds)
             return
         if await self._tenants.delete_unused_cell(source):
             await self._ctx.event(body, "Normal", "SourceCellDeleted",
@@ -447,20 +450,12 @@ class MoveController:
         return str(outcome.cell)
 
     def _other_moves(self, key: TenantKey, body: dict[str, Any], tenant: str) -> tuple[str, ...]:
-        """Moves of the same tenant that went first: admitted ones, or older pending ones."""
-        mine = (body["metadata"].get("creationTimestamp") or "", key.name)
-        others: list[str] = []
-        for other_key, other in self._ctx.cache.moves.items():
-            if other_key == key or other_key.namespace != key.namespace \
-                    or _spec(other).get("tenant") != tenant:
-                continue
-            phase = (other.get("status") or {}).get("phase") or MovePhase.PENDING.value
-            if MovePhase(phase) in TERMINAL_PHASES:
-                continue
-            theirs = (other["metadata"].get("creationTimestamp") or "", other_key.name)
-            if phase != MovePhase.PENDING.value or theirs < mine:
-                others.append(other_key.name)
-        return tuple(others)
+        """Moves of the same tenant that went first (``domain/moves.moves_ahead``)."""
+        others = [_queued(other_key.name, other)
+                  for other_key, other in self._ctx.cache.moves.items()
+                  if other_key != key and other_key.namespace == key.namespace
+                  and _spec(other).get("tenant") == tenant]
+        return moves_ahead(_queued(key.name, body), others)
 
     async def _refuse(self, body: dict[str, Any], refusal: Refused, source: str | None) -> None:
         """Nothing is started. A refusal that may pass later keeps the move Pending and
@@ -545,7 +540,7 @@ class MoveController:
         sides = {target: ("the target's copy", cells.cancel_move_in),
                  source: ("the source's change capture", cells.cancel_move_out)}
         left: dict[str, str] = {}
-        give_up_at = time.monotonic() + _RELEASE_SECONDS
+        give_up_at = self._ctx.clock.monotonic() + _RELEASE_SECONDS
         for cell, (what, cancel) in sides.items():
             while True:
                 try:
@@ -559,7 +554,7 @@ class MoveController:
                     break
                 except (CellplaneError, asyncio.TimeoutError) as error:
                     left[cell] = f"{what} in cell {cell} ({error or 'no answer'})"
-                    if time.monotonic() >= give_up_at:
+                    if self._ctx.clock.monotonic() >= give_up_at:
                         break
                     await asyncio.sleep(1.0)
         return list(left.values())
@@ -568,10 +563,9 @@ class MoveController:
         """Deletes the tenant's dedicated cell this move made (its name ends in the move's
         uid, see ``_admit``) if it holds no tenant; its name, if a deletion was asked."""
         meta = body["metadata"]
-        made_for = f"-{str(meta['uid'])[:8]}"
         owner = (meta["namespace"], _spec(body).get("tenant"))
         for name, cell in list(self._ctx.cache.cells.items()):
-            if name.endswith(made_for) and dedicated_to(cell) == owner \
+            if made_for_move(name, str(meta["uid"])) and dedicated_to(cell) == owner \
                     and await self._tenants.delete_unused_cell(name):
                 return name
         return None
@@ -580,7 +574,7 @@ class MoveController:
         """A step failed. The move says so (never silently), and gives up at its progress
         deadline if it is still before its cutover. True once the move has ended."""
         try:
-            now = time.monotonic()
+            now = self._ctx.clock.monotonic()
             if run.failing_since is None:
                 run.failing_since = now
             body = self._ctx.cache.moves.get(key)
@@ -613,8 +607,7 @@ class MoveController:
         run.copy = TenantCopy(
             self._ctx.cells, tenant_id=stored.record.tenant_id, move_id=body["metadata"]["uid"],
             source=await self._cell_end(source), target=await self._cell_end(target),
-            target_epoch=(stored.record.epoch + 1 if stored.record.cell == source
-                          else stored.record.epoch))
+            target_epoch=target_epoch(_record_view(stored), source=source))
         return run.copy
 
     async def _cell_end(self, cell: str) -> CellEnd:
@@ -634,7 +627,7 @@ class MoveController:
         run.epochs = self._cell_epochs(copy)
         totals = await copy.start()
         run.totals, run.copied = totals, {table: 0 for table in TABLES}
-        started, copied = time.monotonic(), 0
+        started, copied = self._ctx.clock.monotonic(), 0
         for table in TABLES:
             async def on_page(rows: int, table: str = table) -> None:
                 assert run.copied is not None
@@ -645,7 +638,7 @@ class MoveController:
 
             copied += await copy.copy_table(table, on_page)
             failpoint("move-copying", body["metadata"]["name"])
-        elapsed = max(time.monotonic() - started, 1e-3)
+        elapsed = max(self._ctx.clock.monotonic() - started, 1e-3)
         run.rows_per_second = copied / elapsed
         await self._progress(body, run, copy, MovePhase.CATCHING_UP, "CatchingUp",
                              f"copied {copied} rows at {run.rows_per_second:.0f} rows/s; "
@@ -662,41 +655,32 @@ class MoveController:
         if run.epochs is None:
             run.epochs = self._cell_epochs(copy)
         if run.catching_up_since is None:
-            run.catching_up_since = time.monotonic()
+            run.catching_up_since = self._ctx.clock.monotonic()
         deadline = self._ctx.settings.move_progress_deadline_seconds
         while True:
             self._check_abort(body)
             self._check_takeover(copy, run)
             round_ = await copy.catch_up()
-            if round_.rows >= 500:
-                measured = round_.rows / max(round_.seconds, 1e-3)
-                run.rows_per_second = (measured if run.rows_per_second == 0.0
-                                       else 0.5 * run.rows_per_second + 0.5 * measured)
+            run.rows_per_second = copy_rate(run.rows_per_second, rows=round_.rows,
+                                            seconds=round_.seconds)
             failpoint("move-catching-up", body["metadata"]["name"])
             fixed = _FIXED_PAUSE_FLOOR_SECONDS + run.check_seconds
             budget = spec.max_write_pause_seconds
-            over_budget = fixed_pause_over_budget(fixed_pause_seconds=fixed,
-                                                  max_pause_seconds=budget)
-            if gives_up(MovePhase.CATCHING_UP, failing_seconds=time.monotonic()
-                        - run.catching_up_since, deadline_seconds=deadline):
-                raise _CannotCutOver(
-                    "PauseOverBudget" if over_budget else "DeltaNeverFits",
-                    f"no cutover fitted the {budget:g}s write-pause budget within {deadline:g}s "
-                    "(the progress deadline): " + (
-                        f"the pause's fixed part alone takes {fixed:.2f}s" if over_budget else
-                        f"{round_.pending} changes were left to copy at "
-                        f"{run.rows_per_second:.0f} rows/s")
-                    + f"; the tenant stays in cell {copy.source.cell}")
-            if over_budget:
+            after = after_catch_up_round(CatchUpRound(
+                pending=round_.pending, rows_per_second=run.rows_per_second,
+                fixed_pause_seconds=fixed, max_pause_seconds=budget,
+                catching_up_seconds=self._ctx.clock.monotonic() - run.catching_up_since,
+                deadline_seconds=deadline), source_cell=copy.source.cell)
+            if isinstance(after, NeverFits):
+                raise _CannotCutOver(after.reason, after.message)
+            if isinstance(after, OverBudget):
                 await self._say_over_budget(body, run, copy, fixed, budget, round_.pending)
                 await self._time_checksums(copy, run)
             else:
                 await self._progress(body, run, copy, MovePhase.CATCHING_UP, "CatchingUp",
                                      f"{round_.pending} changes left to copy",
                                      delta=round_.pending)
-                if ready_to_cut_over(delta_rows=round_.pending,
-                                     rows_per_second=run.rows_per_second,
-                                     max_pause_seconds=budget, fixed_pause_seconds=fixed):
+                if isinstance(after, CutOver):
                     return True
             if round_.rows == 0:
                 await asyncio.sleep(0.2)
@@ -710,14 +694,14 @@ class MoveController:
         """Times the verification's checksums on live data: inside the pause they are its
         largest fixed part. The fastest timing counts, so that one taken under a passing
         load does not hold a move back for good; timed again at most every few seconds."""
-        now = time.monotonic()
+        now = self._ctx.clock.monotonic()
         if run.checks_timed_at is not None and now - run.checks_timed_at < _RETIME_CHECKSUMS_SECONDS:
             return
         await copy.checksums()
-        took = time.monotonic() - now
-        first = run.checks_timed_at is None
-        run.check_seconds = took if first else min(run.check_seconds, took)
-        run.checks_timed_at = time.monotonic()
+        took = self._ctx.clock.monotonic() - now
+        run.check_seconds = checksum_seconds(
+            None if run.checks_timed_at is None else run.check_seconds, took)
+        run.checks_timed_at = self._ctx.clock.monotonic()
 
     async def _say_over_budget(self, body: dict[str, Any], run: _Run, copy: TenantCopy,
                                fixed: float, budget: float, pending: int) -> None:
@@ -921,11 +905,10 @@ class MoveController:
     def _check_takeover(self, copy: TenantCopy, run: _Run) -> None:
         if run.epochs is None:
             return
-        now = self._cell_epochs(copy)
-        for cell, before, after in zip((copy.source.cell, copy.target.cell), run.epochs, now):
-            if after != before:
-                raise _CellTookOver(f"cell {cell} changed its primary (epoch {before} -> "
-                                    f"{after}) during the copy")
+        changed = changed_primary((copy.source.cell, copy.target.cell), run.epochs,
+                                  self._cell_epochs(copy))
+        if changed is not None:
+            raise _CellTookOver(changed.message)
 
     async def _copy_again(self, body: dict[str, Any], run: _Run, why: str) -> None:
         """Both ends forget this copy; the next step copies from the start."""
@@ -985,7 +968,7 @@ class MoveController:
     async def _progress(self, body: dict[str, Any], run: _Run, copy: TenantCopy,
                         phase: MovePhase, reason: str, message: str, *, delta: int | None = None,
                         force: bool = False) -> None:
-        now = time.monotonic()
+        now = self._ctx.clock.monotonic()
         current_phase = (body.get("status") or {}).get("phase")
         if not force and current_phase == phase.value \
                 and now - run.last_progress < _PROGRESS_EVERY_SECONDS:
@@ -1012,6 +995,15 @@ class MoveController:
         body["status"] = updated.get("status", status)
         body["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
         self._ctx.cache.moves[TenantKey(meta["namespace"], meta["name"])] = body
+
+
+def _record_view(stored: Stored) -> RecordView:
+    return RecordView(stored.record.cell, stored.record.epoch, stored.record.moving)
+
+
+def _queued(name: str, body: dict[str, Any]) -> QueuedMove:
+    phase = (body.get("status") or {}).get("phase") or MovePhase.PENDING.value
+    return QueuedMove(name, MovePhase(phase), str(body["metadata"].get("creationTimestamp") or ""))
 
 
 def _spec(body: dict[str, Any]) -> dict[str, Any]:

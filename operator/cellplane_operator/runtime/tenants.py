@@ -26,6 +26,7 @@ from cellplane_operator.api.base import DNS_LABEL_PATTERN
 from cellplane_operator.domain.cells import (
     SERVING_PHASES, CellFacts, CellName, Region, Tier, judge_cell, plan_cell_acceptance,
 )
+from cellplane_operator.domain.dedicated import standby_region
 from cellplane_operator.domain.fencing import requested_fence
 from cellplane_operator.domain.placement import (
     CellCandidate, PlacementRequest, RegionPolicy, Unplaceable, WaitForCell, cell_loads,
@@ -34,7 +35,9 @@ from cellplane_operator.domain.placement import (
 from cellplane_operator.domain.moves import MOVING_PHASES
 from cellplane_operator.domain.routing import KEY_PREFIX, key_digest
 from cellplane_operator.domain.tenants import (
-    REFUSED_BY_CELL, TenantProgress, name_problem, plan_tenant_status, refused_by_cell,
+    REFUSED_BY_CELL, ForgetSaid, SayProgress, TenantCell, TenantProgress, WaitForTenantCell,
+    name_problem, plan_tenant_status, progress_news, provisioned_event, provisioning_cell,
+    refused_by_cell,
 )
 from cellplane_operator.errors import CellApiError, CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
@@ -226,24 +229,14 @@ class TenantController:
         if tenant.isolation is Tier.DEDICATED:
             await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running)
         cell = self._ctx.cache.cells.get(record.cell)
-        cell_status = (cell or {}).get("status") or {}
-        phase, endpoints = cell_status.get("phase"), cell_status.get("endpoints") or {}
-        fence = requested_fence(((cell or {}).get("metadata") or {}).get("annotations"))
-        if fence is not None:
-            # A person stopped the cell's writes on purpose: say so, rather than
-            # "not ready", so the tenant's owner knows who to ask.
-            await self._report(key, body, replace(
-                progress, reason="CellFenced",
-                message=f"cell {record.cell} is fenced ({fence.reason}): writes are refused "
-                        f"until `kubectl cellplane unfence {record.cell}`"))
+        endpoints = ((cell or {}).get("status") or {}).get("endpoints") or {}
+        where = provisioning_cell(record.cell, None if cell is None else _tenant_cell(cell))
+        if isinstance(where, WaitForTenantCell):
+            await self._report(key, body, replace(progress, reason=where.reason,
+                                                  message=where.message))
             self._retries.later(key)
             return
-        if cell is None or phase not in SERVING_PHASES or not endpoints.get("admin"):
-            await self._report(key, body, replace(
-                progress, message=f"cell {record.cell} is {phase or 'not reporting yet'}; the "
-                                "tenant is provisioned there once it serves"))
-            self._retries.later(key)
-            return
+        assert cell is not None
         # The cell's URL policy too: tightened, the tenant's URLs are put to it again
         # (and refused with a condition) rather than the tenant left Ready.
         applied = (tenant.generation, record.cell, record.epoch, _allows_private(cell))
@@ -252,7 +245,8 @@ class TenantController:
             secret_name, api_key, webhook_secret = await self._ensure_secret(body, tenant, record)
             failpoint("tenant-after-secret", str(key))
             try:
-                await self._provision(tenant, record, endpoints["admin"], api_key, webhook_secret)
+                await self._provision(tenant, record, where.admin_endpoint, api_key,
+                                      webhook_secret)
             except CellApiError as error:
                 if error.status not in REFUSED_BY_CELL:
                     # Unreachable, or failing on its side: said in the status as well as
@@ -283,9 +277,9 @@ class TenantController:
             self._provisioned[key] = applied
             await self._announce_provisioned(body, tenant, record, quotas)
         await self._report(key, body, replace(
-            progress, phase="Degraded" if phase == "Degraded" else "Ready", reason="Provisioned",
+            progress, phase="Degraded" if where.degraded else "Ready", reason="Provisioned",
             api_endpoint=endpoints.get("api"), api_key_secret=secret_name,
-            cell_degraded=phase == "Degraded"))
+            cell_degraded=where.degraded))
         # Only once its status is written too: a refused status write backs off as well.
         self._retries.reset(key)
 
@@ -293,12 +287,11 @@ class TenantController:
                                     record: PlacementRecord, quotas: Quotas) -> None:
         """An Event when the tenant first serves in its cell or its quotas changed; none
         when a new leader merely provisions again what its predecessor had."""
-        status = body.get("status") or {}
-        serving_there = status.get("cell") == record.cell and status.get("phase") in (
-            "Ready", "Degraded")
-        if serving_there and status.get("observedGeneration") == tenant.generation:
+        reason = provisioned_event(body.get("status") or {}, cell=record.cell,
+                                   generation=tenant.generation)
+        if reason is None:
             return
-        await self._ctx.event(body, "Normal", "QuotasApplied" if serving_there else "Provisioned",
+        await self._ctx.event(body, "Normal", reason,
                               f"tenant {record.tenant_id} in cell {record.cell}: "
                               f"{quotas.max_running} running, {quotas.jobs_per_second:g} jobs/s, "
                               f"burst {quotas.burst} (generation {tenant.generation})")
@@ -441,10 +434,8 @@ class TenantController:
         home = region or tenant.home_region
         standby: list[str] = []
         if tenant.region_policy is RegionPolicy.HOME_ASYNC:
-            others = [r for r in self._ctx.settings.regions if r != home]
-            if others:
-                after = [r for r in others if r > home]
-                standby = [(after or others)[0]]
+            chosen = standby_region(Region(home), [Region(r) for r in self._ctx.settings.regions])
+            standby = [] if chosen is None else [chosen]
         meta = body["metadata"]
         manifest = {
             "metadata": {
@@ -709,14 +700,11 @@ class TenantController:
         meta = body["metadata"]
         await self._ctx.kube.patch(TENANTS, meta["name"], {"status": status},
                                    namespace=meta["namespace"], subresource="status")
-        # Once per reason; a refusal once per refused field too (its message names it).
-        said = f"{progress.reason}: {progress.message}" if progress.refused else progress.reason
-        if progress.phase not in ("Ready", "Degraded") and self._announced.get(key) != said:
-            self._announced[key] = said
-            warning = progress.phase in ("Unplaceable",) or progress.refused
-            await self._ctx.event(body, "Warning" if warning else "Normal", progress.reason,
-                                  progress.message)
-        elif progress.phase in ("Ready", "Degraded"):
+        news = progress_news(progress, said_before=self._announced.get(key))
+        if isinstance(news, SayProgress):
+            self._announced[key] = news.said
+            await self._ctx.event(body, news.type, progress.reason, progress.message)
+        elif isinstance(news, ForgetSaid):
             self._announced.pop(key, None)
 
 
@@ -734,6 +722,14 @@ def _is_dns_label(name: str) -> bool:
 def _cell_answer(error: CellApiError) -> str:
     """The cell's own words for a refusal (its message and code), else the whole error."""
     return f"{error.detail} ({error.code})" if error.detail else str(error)
+
+
+def _tenant_cell(cell: dict[str, Any]) -> TenantCell:
+    status = cell.get("status") or {}
+    admin = (status.get("endpoints") or {}).get("admin")
+    return TenantCell(phase=status.get("phase"),
+                      admin_endpoint=str(admin) if admin else None,
+                      fence=requested_fence(cell["metadata"].get("annotations")))
 
 
 def _allows_private(cell: dict[str, Any]) -> bool:

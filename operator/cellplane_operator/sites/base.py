@@ -13,13 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = ["SiteKey", "ServingSpec", "DatabaseEndpoint", "SiteEndpoints", "SiteHealth",
-           "SiteDriver", "wal_position"]
-
-
-def wal_position(lsn: str) -> int:
-    """A WAL location as Postgres prints it (``'0/3000028'``) as a number, for comparing."""
-    high, low = lsn.split("/")
-    return (int(high, 16) << 32) | int(low, 16)
+           "SiteDriver"]
 
 
 @dataclass(frozen=True)
