@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from cellplane_operator import cli
+from cellplane_operator.commands import main as cli
 from cellplane_operator.api.v1alpha1 import CellResources, ResourceList, ResourceRequirements
 from cellplane_operator.settings import OperatorSettings, parse_cell_resources
 
