@@ -1,6 +1,6 @@
 """The cell's side of an online tenant move: what the source serves and the target applies.
 
-The operator drives a move through the admin API (issue #7); this module is
+The operator drives a move through the admin API; this module is
 the cell's half. On the source, ``start_move_out`` switches change capture on
 under the exclusive tenant lock (migration 0006), the scope is read page by
 page (``scope_page``) while the tenant keeps serving, then what changed since

@@ -1,4 +1,4 @@
-"""Per-plan quotas, from the seed's numbers (drill 13, break 1).
+"""Per-plan quotas (docs/concepts.md, Plan).
 
 Free 2 running jobs, Pro 5, Enterprise 20 (10% of a 200-slot fleet, so it takes
 ten tenants at their cap to fill it). Enterprise's rate is 1 job/s with a burst

@@ -82,7 +82,7 @@ class TakeoverRecord:
     """A site that took the epoch from another, once it serves: the Cell's
     ``status.lastTakeover`` and the ``TookOver`` Event say it. Kept in the new primary's
     site report in etcd until the status shows it, so that neither an apiserver that was
-    away nor an operator restart loses it (issue #18)."""
+    away nor an operator restart loses it."""
 
     epoch: int
     from_region: str | None
@@ -158,7 +158,7 @@ class WitnessRecord:
 
     The witness lives in the operator's memory, on its monotonic clock; an operator
     restarted during a region loss knew nothing of its standby and refused to promote
-    one that had streamed with no lag (issue #18). The record is written by the
+    one that had streamed with no lag. The record is written by the
     region's operator and read only by its successor on the same state directory
     (the same machine), so the two wall-clock readings compared are one clock's.
     """

@@ -3,7 +3,7 @@
 The ownership record lives in etcd; this module only decides, from what one
 process has observed and its own monotonic clock, what that process may do.
 
-The rule, from DESIGN.md (Terms) and the scheduler seed's step 3.3:
+The rule (docs/concepts.md, Placement-group ownership):
 
 - The owner measures its lease from the moment it *sent* the renewal that etcd
   acknowledged: ``confirmed_until = sent_at + ttl``. etcd received it later and

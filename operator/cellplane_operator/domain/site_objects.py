@@ -1,6 +1,6 @@
 """What one site of a ``kubernetes``-driver cell is, as Kubernetes objects (plain dicts).
 
-A site (one cell in one region, issue #17) is:
+A site (one cell in one region) is:
 
 - a StatefulSet of one Postgres Pod with its PersistentVolumeClaim, pinned to the
   region's nodes, whose one container runs the site agent (``agent_argv``);

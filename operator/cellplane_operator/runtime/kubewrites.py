@@ -3,7 +3,7 @@
 Kubernetes holds desired state and reports status; it is not on the path of a
 failover (DESIGN.md). A region loss can take the apiserver with it, or find it
 paused: a controller that awaited an Event before publishing its site waited
-for the client's timeout (10 s) each time (issue #18). So Events and status
+for the client's timeout (10 s) each time. So Events and status
 are handed to a writer of their own and the caller goes on at once:
 
 - ``EventSender``: one queue per operator, sent in order by one task; an Event

@@ -2,8 +2,8 @@
 rebuild it as a standby of the new one) and through a planned handover (demote the
 primary cleanly, so a standby can be shown to hold all it wrote, then the same).
 
-Each lever of the fence is there because none is enough alone (issue #6, and
-tests/integration/test_site_failover_ops.py measures why):
+Each lever of the fence is there because none is enough alone
+(tests/integration/test_site_failover_ops.py measures why):
 ``default_transaction_read_only`` is not one at all, since any client turns it off and an
 open transaction still commits; a pg_hba that rejects stops new sessions only;
 terminating sessions ends the open ones; the stop ends the rest. The rebuild

@@ -1,4 +1,4 @@
-"""The ``kubernetes`` site driver: each site of a cell as Kubernetes workloads (issue #17).
+"""The ``kubernetes`` site driver: each site of a cell as Kubernetes workloads.
 
 A site (one cell in one region) is the objects ``domain/site_objects.py`` renders: a
 StatefulSet of one Postgres Pod whose PID 1 is the site agent, its Services, and on the
