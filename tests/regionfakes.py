@@ -219,6 +219,44 @@ class RecordingStore:
         return None
 
 
+class RenewalCountingStore(RecordingStore):
+    """A store connection that counts lease renewals: the election's heartbeat, a clock a
+    test can wait on without a fixed sleep."""
+
+    def __init__(self, store: KeyValueStore) -> None:
+        super().__init__(store, [])
+        self.renewals = 0
+
+    async def keep_alive(self, lease_id: int) -> int:
+        self.renewals += 1
+        return await super().keep_alive(lease_id)
+
+
+class ElectionOnly:
+    """Another region's operator as far as the placement election sees it: it campaigns and
+    renews, and its controllers are not modelled (they write nothing here)."""
+
+    def __init__(self, plane: Plane, region: str, member: str) -> None:
+        self.store = RenewalCountingStore(plane.store)
+        self.leadership = Leadership(self.store, region=region, member=member,
+                                     settings=FAST_ELECTION, clock=CLOCK)
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self.leadership.run(self._stop), name=f"election-{member}")
+
+    async def renewals_from_now(self, count: int) -> None:
+        """Waits until the lease has been renewed ``count`` more times."""
+        target = self.store.renewals + count
+
+        async def renewed() -> bool:
+            return self.store.renewals >= target
+        await eventually(renewed, f"{count} renewals of {self.leadership.epoch}'s election lease")
+
+    async def stop(self) -> None:
+        """A clean shutdown: the election is released at once."""
+        self._stop.set()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
 class RecordingCells:
     """One operator's client of the shared cells: every call that changes a cell is logged."""
 
@@ -297,6 +335,7 @@ class Plane:
         self.namespace = "cellplane-system"
         """The operators' namespace (OperatorSettings' default): the cells' admin Secrets."""
         self.operators: list[Operator] = []
+        self.elections: list[ElectionOnly] = []
         self._members = itertools.count(1)
 
     async def operator(self, region: str = "region-a") -> Operator:
@@ -304,7 +343,19 @@ class Plane:
         self.operators.append(started)
         return started
 
+    async def election_only(self, region: str) -> ElectionOnly:
+        """Another region's operator that holds the placement election, once it leads."""
+        other = ElectionOnly(self, region, f"{region}-{next(self._members)}")
+        self.elections.append(other)
+
+        async def leads() -> bool:
+            return other.leadership.leading
+        await eventually(leads, f"{region} to lead the placement election")
+        return other
+
     async def close(self) -> None:
+        for other in self.elections:
+            await other.stop()
         for operator in self.operators:
             with contextlib.suppress(ValueError):
                 await operator.stop()

@@ -148,23 +148,34 @@ async def test_an_unreachable_cell_is_said_in_the_status_and_the_tenant_recovers
 
 async def test_an_operator_that_does_not_lead_the_election_writes_nothing(plane: Plane) -> None:
     await plane.ready_cell("a1")
+    other = await plane.election_only("region-b")
+    operator = await plane.operator("region-a")
+    await plane.create_tenant("acme", NS)
+    # Three renewals of the other's lease (0.75 s): ample for a controller to act on a
+    # Tenant it has in its cache, had it thought itself the leader.
+    await other.renewals_from_now(3)
+    assert TenantKey(NS, "acme") in operator.cache.tenants
+    assert operator.writes == [] and plane.cells.requests == []
+    assert await plane.tenant_status("acme", NS) == {} and await plane.records() == {}
+
+    # The leader stops: this operator takes the election over and does it all.
+    await other.stop()
+    assert await leader(plane) is operator
+    status = await status_where(plane, "acme", "Ready", ready)
+    assert f"cell put_tenant {status['tenantId']}" in operator.writes
+
+
+async def test_two_operators_watching_the_same_tenants_only_the_leader_acts(plane: Plane) -> None:
+    await plane.ready_cell("a1")
     first, second = await plane.operator("region-a"), await plane.operator("region-b")
     leading = await leader(plane)
     follower = second if leading is first else first
     await plane.create_tenant("acme", NS)
 
     await status_where(plane, "acme", "Ready", ready)
-    # Both saw the Cell and the Tenant, as both watch them: only the leader acted.
     assert TenantKey(NS, "acme") in follower.cache.tenants
     assert follower.writes == []
     assert any(w.startswith("cell put_tenant") for w in leading.writes)
-
-    # The leader stops: the other takes the election over and places the next tenant.
-    await leading.stop()
-    assert await leader(plane) is follower
-    await plane.create_tenant("beta", NS)
-    status = await status_where(plane, "beta", "Ready", ready)
-    assert f"cell put_tenant {status['tenantId']}" in follower.writes
 
 
 async def test_a_deleted_tenant_is_retired_in_its_cell_and_its_finalizer_removed(
