@@ -13,8 +13,9 @@ error does (``status`` 0).
 
 Left out: the tenant API, jobs and wallets, and tenant moves: the move calls raise
 ``NotImplementedError``; moves are tested against real cells (tests/integration), whose
-change capture and freeze live in their database. ``checksums`` covers what the fake
-holds (the tenant, its targets and webhooks) and is comparable between fakes only.
+change capture and freeze live in their database. ``checksums`` names the real cell's tables and
+counts what the fake holds (targets, webhooks, the wallet); its checksums are comparable
+between fakes only.
 """
 
 from __future__ import annotations
@@ -200,10 +201,12 @@ class InMemoryCells:
         tenant = cell.tenants.get(tenant_id)
         if tenant is None:
             raise _refusal("GET", where, 404, "not_found", "the tenant is not in this cell")
+        # The real cell's tables (sql/moves.sql, move_checksums); the fake has no jobs.
         tables: dict[str, list[Any]] = {
-            "tenants": [[tenant_id, tenant.plan, sorted(tenant.quotas.items()), tenant.active]],
+            "jobs": [], "steps": [], "ledger": [], "idempotency_keys": [], "outbox": [],
+            "wallet": [[tenant_id]],
             "targets": sorted([n, u] for n, u in tenant.targets.items()),
-            "webhook_endpoints": sorted([u, c] for u, (_, c) in tenant.webhooks.items())}
+            "webhooks": sorted([u, c] for u, (_, c) in tenant.webhooks.items())}
         return {table: {"rows": len(rows), "checksum": hashlib.md5(
             json.dumps(rows).encode()).hexdigest()} for table, rows in tables.items()}
 

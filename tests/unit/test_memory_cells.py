@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from cellcontract import CHECKS, REFUSED_URL, Check
+from cellplane_operator.cellclient import CellAdmin
 from cellplane_operator.cellmemory import InMemoryCells
 from cellplane_operator.errors import CellApiError
 
@@ -17,7 +18,7 @@ TOKEN = "admin-token-for-tests-0123456789"
 
 @dataclass
 class FakeHarness:
-    cells: InMemoryCells
+    cells: CellAdmin
     admin: str = ADMIN
     token: str = TOKEN
     allowed: str = "http://127.0.0.1:9"
