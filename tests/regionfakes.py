@@ -12,7 +12,6 @@ refuses every call), which shared cells served elsewhere never need.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import datetime
 import itertools
@@ -249,7 +248,7 @@ class ElectionOnly:
 
         async def renewed() -> bool:
             return self.store.renewals >= target
-        await eventually(renewed, f"{count} renewals of {self.leadership.epoch}'s election lease")
+        await eventually(renewed, f"{count} renewals of the election lease")
 
     async def stop(self) -> None:
         """A clean shutdown: the election is released at once."""
@@ -318,7 +317,8 @@ class Operator:
         """A clean shutdown: the election is released, the Event sender stopped."""
         self._stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._plane.kube.caches.remove(self.cache)
+        if self.cache in self._plane.kube.caches:
+            self._plane.kube.caches.remove(self.cache)
         await self.ctx.close()
 
     async def leading(self) -> bool:
@@ -357,8 +357,7 @@ class Plane:
         for other in self.elections:
             await other.stop()
         for operator in self.operators:
-            with contextlib.suppress(ValueError):
-                await operator.stop()
+            await operator.stop()
 
     async def ready_cell(self, name: str, region: str = "region-a", *, tenants: int = 10,
                          slots: int = 40, allow_private: bool = True) -> FakeCell:

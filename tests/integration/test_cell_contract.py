@@ -4,6 +4,7 @@ fake the unit tests use promises is what a cell answers."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,8 +36,6 @@ class HttpHarness:
 @pytest.fixture
 def admin_url(cell_db: str) -> Iterator[str]:
     """The cell's admin API (private targets allowed, as in development) on a free port."""
-    import threading
-
     pool = open_pool(cell_db, epoch=1, max_size=4)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(
