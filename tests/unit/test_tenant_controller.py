@@ -178,11 +178,12 @@ async def test_two_operators_watching_the_same_tenants_only_the_leader_acts(plan
     assert any(w.startswith("cell put_tenant") for w in leading.writes)
 
 
-async def test_a_deleted_tenant_is_retired_in_its_cell_and_its_finalizer_removed(
-        plane: Plane) -> None:
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+async def test_a_deleted_tenant_leaves_its_cell_by_its_policy_and_its_finalizer_goes(
+        plane: Plane, policy: str) -> None:
     cell = await plane.ready_cell("a1")
     await plane.operator()
-    await plane.create_tenant("leaving", NS, deletionPolicy="Retain")
+    await plane.create_tenant("leaving", NS, deletionPolicy=policy)
     status = await status_where(plane, "leaving", "Ready", ready)
     tenant_id = status["tenantId"]
 
@@ -191,12 +192,16 @@ async def test_a_deleted_tenant_is_retired_in_its_cell_and_its_finalizer_removed
     async def gone() -> bool:
         return await plane.tenant("leaving", NS) is None
     await eventually(gone, "the Tenant to be gone (its finalizer removed)")
-    # Retained: the cell keeps the tenant's rows, disabled; purge would have removed them.
-    assert tenant_id in cell.tenants and not cell.tenants[tenant_id].active
     assert f"DELETE http://a1.cells.test:9001/admin/v1/tenants/{tenant_id}" in plane.cells.requests
+    if policy == "Retain":
+        # The cell keeps the tenant's rows, disabled.
+        assert tenant_id in cell.tenants and not cell.tenants[tenant_id].active
+    else:
+        assert tenant_id not in cell.tenants
     assert TenantKey(NS, "leaving") not in await plane.records()
     assert await secret_data(plane, "leaving-api-key") is None
 
     async def removed() -> list[dict[str, Any]] | None:
         return [e for e in await plane.events(NS, "leaving") if e["reason"] == "Removed"] or None
-    assert "kept, disabled" in (await eventually(removed, "the Removed Event"))[0]["message"]
+    said = (await eventually(removed, "the Removed Event"))[0]["message"]
+    assert ("kept, disabled" if policy == "Retain" else "deleted") in said
