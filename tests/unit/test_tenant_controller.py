@@ -97,6 +97,22 @@ async def test_a_tenant_in_a_ready_shared_cell_is_placed_keyed_and_provisioned(p
     assert (await eventually(load_published, "cell a1 to count its tenant"))["slotsInUse"] == 5
 
 
+async def test_a_quota_change_reaches_the_cell_and_the_record(plane: Plane) -> None:
+    cell = await plane.ready_cell("a1")
+    await plane.operator()
+    await plane.create_tenant("tuned", NS)
+    tenant_id = (await status_where(plane, "tuned", "Ready", ready))["tenantId"]
+
+    await plane.kube.patch(TENANTS, "tuned", {"spec": {"quotas": {"maxRunningJobs": 9,
+                                                                  "burst": 40}}}, namespace=NS)
+    status = await status_where(plane, "tuned", "generation 2 applied",
+                                lambda s: s.get("observedGeneration") == 2 and ready(s))
+    assert status["quotas"]["maxRunningJobs"] == 9
+    assert cell.tenants[tenant_id].quotas == {"max_running": 9, "burst": 40}
+    # The record counts the cell's slots: placement of the next tenant depends on it.
+    assert (await plane.records())[TenantKey(NS, "tuned")].max_running == 9
+
+
 async def test_a_refused_target_url_leaves_the_tenant_not_ready_naming_the_field_once(
         plane: Plane) -> None:
     await plane.ready_cell("strict", allow_private=False)
