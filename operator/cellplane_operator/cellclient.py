@@ -1,20 +1,89 @@
 """The operator's client of a cell's admin API: tenants, quotas, targets and webhooks,
 and the steps of a tenant move (cells/cellplane_cells/moves.py has their contract).
 
-Every call is idempotent (PUT, or DELETE answering 204 when already gone), so a
-reconcile that is repeated after a crash repeats them safely.
+``CellAdmin`` is the port the controllers depend on; ``CellAdminClient`` the adapter
+over HTTP, ``cellmemory.InMemoryCells`` the fake for unit tests (tests/cellcontract.py
+holds both to the same answers). Every call is idempotent (PUT, or DELETE answering 204
+when already gone), so a reconcile that is repeated after a crash repeats them safely.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from cellplane_operator.errors import CellApiError
 
-__all__ = ["CellAdminClient"]
+__all__ = ["CellAdmin", "CellAdminClient"]
+
+
+class CellAdmin(Protocol):
+    """A cell's admin API as the operator uses it. ``admin`` is the cell's admin base URL
+    (its Cell's ``status.endpoints.admin``), ``token`` its admin token. A refusal raises
+    ``CellApiError`` with the HTTP status and the cell's error code and message; a cell
+    that does not answer raises it with ``status`` 0."""
+
+    async def put_tenant(self, admin: str, token: str, tenant_id: str,
+                         body: dict[str, Any]) -> None:
+        """Creates the tenant or updates its plan and quotas (``plan``, ``api_key``,
+        ``max_running``...); a retained tenant becomes active again."""
+
+    async def put_target(self, admin: str, token: str, tenant_id: str, name: str,
+                         url: str) -> None: ...
+
+    async def put_webhook(self, admin: str, token: str, tenant_id: str, url: str, secret: str,
+                          max_concurrency: int) -> None: ...
+
+    async def put_endpoints(self, admin: str, token: str, tenant_id: str,
+                            targets: Sequence[tuple[str, str]], webhooks: Sequence[tuple[str, int]],
+                            webhook_secret: str) -> dict[str, int]:
+        """The whole set replaces the old; answers ``targets_removed`` and
+        ``webhooks_removed``. A refused URL is code ``target_refused`` naming its field."""
+
+    async def refused_endpoints(self, admin: str, token: str, targets: Sequence[tuple[str, str]],
+                                webhooks: Sequence[str]) -> list[dict[str, str]]: ...
+
+    async def delete_tenant(self, admin: str, token: str, tenant_id: str, *, purge: bool) -> None:
+        """Retain: the rows stay, disabled; purge: they go. Done also when already gone."""
+
+    async def start_move_out(self, admin: str, token: str, tenant_id: str, move_id: str
+                             ) -> dict[str, int]: ...
+
+    async def move_out_rows(self, admin: str, token: str, tenant_id: str, table: str,
+                            after: str | None, limit: int) -> tuple[list[Any], str | None]: ...
+
+    async def move_out_changes(self, admin: str, token: str, tenant_id: str, after: int,
+                               limit: int) -> dict[str, Any]: ...
+
+    async def freeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
+                              epoch: int, *, within_seconds: float | None = None) -> None: ...
+
+    async def unfreeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
+                                epoch: int) -> None: ...
+
+    async def finish_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
+                              retain_seconds: int) -> None: ...
+
+    async def cancel_move_out(self, admin: str, token: str, tenant_id: str,
+                              move_id: str) -> None: ...
+
+    async def move_in(self, admin: str, token: str, tenant_id: str, move_id: str, epoch: int, *,
+                      rows: dict[str, list[Any]], deletes: dict[str, list[Any]] | None = None
+                      ) -> dict[str, int]: ...
+
+    async def activate_move_in(self, admin: str, token: str, tenant_id: str,
+                               move_id: str) -> None: ...
+
+    async def cancel_move_in(self, admin: str, token: str, tenant_id: str,
+                             move_id: str) -> None: ...
+
+    async def checksums(self, admin: str, token: str, tenant_id: str
+                        ) -> dict[str, dict[str, Any]]:
+        """Rows and checksum per table of the tenant; ``not_found`` (404) if it is not here."""
+
+    async def close(self) -> None: ...
 
 
 class CellAdminClient:

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cellplane_operator.cellclient import CellAdminClient
+from cellplane_operator.cellclient import CellAdmin
 from cellplane_operator.clock import Clock
 from cellplane_operator.errors import CellplaneError, KubeApiError, KubeConflictError
 from cellplane_operator.kube import NAMESPACES, SECRETS, Resource
@@ -35,7 +35,7 @@ class RegionContext:
     kube: KubeApi
     driver: SiteDriver
     clock: Clock
-    cells: CellAdminClient
+    cells: CellAdmin
     cache: ObjectCache
     reports: SiteReports
     _admin_tokens: dict[str, str] = field(default_factory=dict)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cellplane_operator.cellclient import CellAdminClient
+from cellplane_operator.cellclient import CellAdmin
 
 __all__ = ["CellEnd", "TenantCopy", "DeltaRound", "TABLES"]
 
@@ -45,7 +45,7 @@ class DeltaRound:
 
 
 class TenantCopy:
-    def __init__(self, cells: CellAdminClient, *, tenant_id: str, move_id: str,
+    def __init__(self, cells: CellAdmin, *, tenant_id: str, move_id: str,
                  source: CellEnd, target: CellEnd, target_epoch: int,
                  page_rows: int = 2000, change_rows: int = 5000) -> None:
         self._cells = cells
