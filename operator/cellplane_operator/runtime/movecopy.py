@@ -12,12 +12,12 @@ therefore always safe, only slower.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cellplane_operator.cellclient import CellAdmin
+from cellplane_operator.clock import MonotonicClock
 
 __all__ = ["CellEnd", "TenantCopy", "DeltaRound", "TABLES"]
 
@@ -46,9 +46,10 @@ class DeltaRound:
 
 class TenantCopy:
     def __init__(self, cells: CellAdmin, *, tenant_id: str, move_id: str,
-                 source: CellEnd, target: CellEnd, target_epoch: int,
+                 source: CellEnd, target: CellEnd, target_epoch: int, clock: MonotonicClock,
                  page_rows: int = 2000, change_rows: int = 5000) -> None:
         self._cells = cells
+        self._clock = clock
         self.tenant_id = tenant_id
         self.move_id = move_id
         self.source = source
@@ -63,7 +64,8 @@ class TenantCopy:
         """The same move through other endpoints (a cell's new primary after a takeover)."""
         moved = TenantCopy(self._cells, tenant_id=self.tenant_id, move_id=self.move_id,
                            source=source, target=target, target_epoch=self.target_epoch,
-                           page_rows=self._page_rows, change_rows=self._change_rows)
+                           clock=self._clock, page_rows=self._page_rows,
+                           change_rows=self._change_rows)
         moved.cursor = self.cursor
         return moved
 
@@ -98,7 +100,7 @@ class TenantCopy:
 
     async def catch_up(self) -> DeltaRound:
         """One round: the changes after the cursor, as the source holds them now."""
-        started = time.monotonic()
+        started = self._clock.monotonic()
         found = await self._cells.move_out_changes(self.source.admin, self.source.token,
                                                    self.tenant_id, self.cursor, self._change_rows)
         rows: dict[str, list[Any]] = found.get("rows") or {}
@@ -107,7 +109,7 @@ class TenantCopy:
         if sent:
             await self._apply(rows, deletes)
         self.cursor = max(self.cursor, int(found.get("last_seq") or 0))
-        return DeltaRound(sent, time.monotonic() - started, int(found.get("pending") or 0))
+        return DeltaRound(sent, self._clock.monotonic() - started, int(found.get("pending") or 0))
 
     async def drain(self) -> int:
         """Rounds until the source holds no change beyond the cursor (it is frozen: none come)."""

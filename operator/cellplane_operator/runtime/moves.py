@@ -607,7 +607,7 @@ class MoveController:
         run.copy = TenantCopy(
             self._ctx.cells, tenant_id=stored.record.tenant_id, move_id=body["metadata"]["uid"],
             source=await self._cell_end(source), target=await self._cell_end(target),
-            target_epoch=target_epoch(_record_view(stored), source=source))
+            target_epoch=target_epoch(_record_view(stored), source=source), clock=self._ctx.clock)
         return run.copy
 
     async def _cell_end(self, cell: str) -> CellEnd:
