@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from cellplane_operator.aio import first_of
 from cellplane_operator.clock import MonotonicClock
 from cellplane_operator.domain.ownership import (
     LeaseSettings,
@@ -288,12 +289,7 @@ class LeaseHolder:
                    + self.takeover_delay_seconds - self._clock.monotonic())
             interval = min(interval, max(due, 0.0))
         self._wake.clear()
-        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await first_of(stop, self._wake, timeout=interval)
 
     async def _stop(self, reason: str) -> None:
         epoch, self._acting_epoch = self._acting_epoch, None

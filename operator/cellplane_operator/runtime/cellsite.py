@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from cellplane_operator.aio import first_of
 from cellplane_operator.domain.cells import (
     CellObservation,
     StandbyReport,
@@ -664,13 +665,7 @@ class CellSiteRunner:
             log.warning("%s: cannot publish the site report: %s", self.site.name, error)
 
     async def _pause(self, stop: asyncio.Event) -> None:
-        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=self._ctx.settings.site_check_seconds,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await first_of(stop, self._wake, timeout=self._ctx.settings.site_check_seconds)
 
     async def destroy(self) -> None:
         """The cell is gone: remove this region's site and its report."""

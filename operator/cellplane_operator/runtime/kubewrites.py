@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cellplane_operator.aio import first_of
 from cellplane_operator.errors import CellplaneError, KubeApiError, KubeNotFoundError
 from cellplane_operator.kube.base import KubeApi
 
@@ -188,11 +189,6 @@ class PendingWrites:
                 if pending.then is not None:
                     await pending.then()
             delay = next_delay(delay) if failed else None
-            waiters = [asyncio.ensure_future(stop.wait())]
-            if not failed:
-                waiters.append(asyncio.ensure_future(self._wake.wait()))
-            try:
-                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
+            # After a failure only the backoff (or the stop) ends the wait, not new work.
+            wakes = (stop,) if failed else (stop, self._wake)
+            await first_of(*wakes, timeout=delay)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from cellplane_cells.domain.plans import Quotas
 
+from cellplane_operator.aio import first_of
 from cellplane_operator.api.base import DNS_LABEL_PATTERN
 from cellplane_operator.domain.cells import (
     SERVING_PHASES, CellFacts, CellName, Region, Tier, judge_cell, plan_cell_acceptance,
@@ -45,7 +46,7 @@ from cellplane_operator.kube import CELLS, SECRETS, TENANTS
 from cellplane_operator.placement.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, Stored, TenantKey
 from cellplane_operator.runtime.context import FINALIZER, RegionContext
-from cellplane_operator.runtime.retries import FailureLog, RetrySchedule
+from cellplane_operator.runtime.workqueue import WorkQueue
 from cellplane_operator.runtime.specs import CellSettings, TenantSettings
 
 __all__ = ["TenantController", "CellKey", "dedicated_to"]
@@ -68,14 +69,9 @@ class TenantController:
         self._leadership = leadership
         self._store = PlacementRecords(ctx.store)
         self._records: dict[TenantKey, Stored] = {}
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
-        self._retries: RetrySchedule[Key] = RetrySchedule(
-            self.enqueue, first_seconds=1.0, ceiling_seconds=_MAX_BACKOFF_SECONDS,
-            call_later=lambda delay, wake: asyncio.get_running_loop().call_later(delay, wake))
-        self._failures: FailureLog[Key] = FailureLog()
+        self._queue: WorkQueue[Key] = WorkQueue(
+            self._reconcile_key, first_retry_seconds=1.0,
+            retry_ceiling_seconds=_MAX_BACKOFF_SECONDS, ignored=(NotLeaderError,))
         self._placing = asyncio.Lock()
         self._provisioned: dict[TenantKey, tuple[int, str, int, bool]] = {}
         self._announced: dict[Key, str] = {}
@@ -86,13 +82,10 @@ class TenantController:
     # -- scheduling --------------------------------------------------------------
 
     def enqueue(self, key: Key) -> None:
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+        self._queue.add(key)
 
     def tenant_changed(self, key: TenantKey) -> None:
-        self._retries.reset(key)
-        self.enqueue(key)
+        self._queue.changed(key)
 
     def cell_changed(self, name: str, before: dict[str, Any] | None,
                      body: dict[str, Any] | None) -> None:
@@ -116,7 +109,7 @@ class TenantController:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             if not self._leadership.leading:
-                await _first(stop, self._leadership.changed)
+                await first_of(stop, self._leadership.changed)
                 self._leadership.changed.clear()
                 continue
             await self._lead(stop)
@@ -126,7 +119,7 @@ class TenantController:
             self._records = await self._store.read_all()
         except CellplaneError as error:
             log.warning("cannot read placement records: %s", error)
-            await _first(stop, asyncio.Event(), timeout=1.0)
+            await first_of(stop, timeout=1.0)
             return
         self._provisioned.clear()
         log.info("placement leader: %d tenant(s) placed", len(self._records))
@@ -134,61 +127,29 @@ class TenantController:
             self.enqueue(key)
         for name in list(self._ctx.cache.cells):
             self.enqueue(CellKey(name))
-        workers = [asyncio.create_task(self._work()) for _ in range(self._ctx.settings.tenant_workers)]
+        work = asyncio.create_task(self._queue.run(self._ctx.settings.tenant_workers))
         resync = asyncio.create_task(self._resync())
         loads = asyncio.create_task(self._publish_loads())
         try:
             while not stop.is_set() and self._leadership.leading:
                 self._leadership.changed.clear()
-                await _first(stop, self._leadership.changed)
+                await first_of(stop, self._leadership.changed)
         finally:
-            for task in (*workers, resync, loads):
+            for task in (work, resync, loads):
                 task.cancel()
-            await asyncio.gather(*workers, resync, loads, return_exceptions=True)
+            await asyncio.gather(work, resync, loads, return_exceptions=True)
 
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self._ctx.settings.resync_seconds)
-            for key in list(self._ctx.cache.tenants):
-                if not self._retries.waiting(key):
-                    self.enqueue(key)
-            for name in list(self._ctx.cache.cells):
-                if not self._retries.waiting(CellKey(name)):
-                    self.enqueue(CellKey(name))
+            self._queue.resync([*self._ctx.cache.tenants,
+                                *(CellKey(name) for name in self._ctx.cache.cells)])
 
-    async def _work(self) -> None:
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            if key in self._active:
-                self._dirty.add(key)
-                continue
-            self._active.add(key)
-            try:
-                if isinstance(key, CellKey):
-                    await self._reconcile_cell(key)
-                else:
-                    await self._reconcile(key)
-                self._failures.cleared(key)
-            except NotLeaderError:
-                pass
-            except CellplaneError as error:
-                # Each distinct failure once; its repeats at every backed-off retry are
-                # not news (the retry's delay doubles up to its ceiling).
-                if self._failures.is_new(key, str(error)):
-                    log.warning("%s: %s (retrying with backoff; said once)", key, error)
-                else:
-                    log.debug("%s: %s", key, error)
-                self._retries.later(key)
-            except Exception as error:
-                if self._failures.is_new(key, f"{type(error).__name__}: {error}"):
-                    log.exception("reconcile of %s failed", key)
-                self._retries.later(key)
-            finally:
-                self._active.discard(key)
-                if key in self._dirty:
-                    self._dirty.discard(key)
-                    self.enqueue(key)
+    async def _reconcile_key(self, key: Key) -> None:
+        if isinstance(key, CellKey):
+            await self._reconcile_cell(key)
+        else:
+            await self._reconcile(key)
 
     # -- tenants -------------------------------------------------------------------
 
@@ -220,7 +181,7 @@ class TenantController:
             placed = await self._place(key, body, tenant, quotas.max_running)
             if isinstance(placed, TenantProgress):
                 await self._report(key, body, placed)
-                self._retries.later(key)
+                self._queue.later(key)
                 return
             stored = placed
         record = stored.record
@@ -234,7 +195,7 @@ class TenantController:
         if isinstance(where, WaitForTenantCell):
             await self._report(key, body, replace(progress, reason=where.reason,
                                                   message=where.message))
-            self._retries.later(key)
+            self._queue.later(key)
             return
         assert cell is not None
         # The cell's URL policy too: tightened, the tenant's URLs are put to it again
@@ -266,7 +227,7 @@ class TenantController:
                                     webhooks=[url for url, _ in tenant.webhooks]),
                     cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id,
                     quotas=quotas))
-                self._retries.later(key)
+                self._queue.later(key)
                 return
             failpoint("tenant-after-provision", str(key))
             # The key's digest only now: the router checks keys with it, so the cell
@@ -281,7 +242,7 @@ class TenantController:
             api_endpoint=endpoints.get("api"), api_key_secret=secret_name,
             cell_degraded=where.degraded))
         # Only once its status is written too: a refused status write backs off as well.
-        self._retries.reset(key)
+        self._queue.done(key)
 
     async def _announce_provisioned(self, body: dict[str, Any], tenant: TenantSettings,
                                     record: PlacementRecord, quotas: Quotas) -> None:
@@ -537,7 +498,7 @@ class TenantController:
             await self._report(key, body, TenantProgress(
                 "Deleting", "MoveInProgress",
                 f"waiting for TenantMove {', '.join(moving)} to end before removing the tenant"))
-            self._retries.later(key)
+            self._queue.later(key)
             return
         purge = tenant.deletion_policy == "Delete"
         stored = self._records.get(key)
@@ -552,7 +513,7 @@ class TenantController:
                         "Deleting", "CellUnavailable",
                         f"waiting for cell {record.cell} to serve, to remove the tenant from it",
                         cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id))
-                    self._retries.later(key)
+                    self._queue.later(key)
                     return
                 token = await self._ctx.cell_admin_token(record.cell)
                 await self._ctx.cells.delete_tenant(admin, token, record.tenant_id, purge=purge)
@@ -745,12 +706,3 @@ def _placement_view(body: dict[str, Any]) -> tuple[Any, ...]:
     return (body.get("spec"), status.get("phase"), status.get("endpoints"),
             status.get("tenants"), status.get("slotsInUse"),
             body["metadata"].get("deletionTimestamp"))
-
-
-async def _first(stop: asyncio.Event, other: asyncio.Event, *, timeout: float | None = None) -> None:
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(other.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
