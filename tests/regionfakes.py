@@ -26,7 +26,7 @@ from cellplane_operator.domain.ownership import LeaseSettings
 from cellplane_operator.kube import CELLS, EVENTS, SECRETS, TENANTMOVES, TENANTS, Resource
 from cellplane_operator.kube.base import KubeApi
 from cellplane_operator.kube.memory import InMemoryKube
-from cellplane_operator.placement.election import Leadership
+from cellplane_operator.ownership.election import Leadership
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.runtime.cache import ObjectCache
 from cellplane_operator.runtime.context import RegionContext

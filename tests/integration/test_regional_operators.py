@@ -14,7 +14,7 @@ import pytest
 
 from cellplane_operator.domain.ownership import OwnerRecord
 from cellplane_operator.localplane import LocalControlPlane
-from cellplane_operator.placement.election import ELECTIONS_PREFIX
+from cellplane_operator.ownership.election import ELECTIONS_PREFIX
 from regionplane import RegionPlane, cell, condition, etcd, ready, tenant
 
 REGIONS = ("region-a", "region-b")

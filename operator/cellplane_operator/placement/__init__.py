@@ -1,6 +1,7 @@
-"""Placement state in etcd: where each tenant lives, and which operator may decide it."""
+"""Placement records in etcd: where each tenant lives. Who may write them is the
+placement election (``ownership.election``); what they say is decided in
+``domain.placement``."""
 
-from cellplane_operator.placement.election import Leadership
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 
-__all__ = ["Leadership", "PlacementRecord", "PlacementRecords", "TenantKey"]
+__all__ = ["PlacementRecord", "PlacementRecords", "TenantKey"]

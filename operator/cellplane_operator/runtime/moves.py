@@ -66,7 +66,7 @@ from cellplane_operator.errors import CellApiError, CellplaneError
 from cellplane_operator.failpoints import delay, failpoint
 from cellplane_operator.kube import CELLS, TENANTMOVES
 from cellplane_operator.metrics import count_moves, move_paused, move_phase_written
-from cellplane_operator.placement.election import Leadership, NotLeaderError
+from cellplane_operator.ownership.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import Stored, TenantKey
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.movecopy import TABLES, CellEnd, TenantCopy

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from cellplane_operator.cellclient import CellAdminClient
 from cellplane_operator.clock import SystemClock
 from cellplane_operator.kube import KubeClient, KubeConfig
-from cellplane_operator.placement.election import Leadership
+from cellplane_operator.ownership.election import Leadership
 from cellplane_operator.runtime.cache import ObjectCache
 from cellplane_operator.runtime.cellsite import CellSiteRunner
 from cellplane_operator.runtime.context import RegionContext

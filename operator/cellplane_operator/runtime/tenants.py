@@ -43,7 +43,7 @@ from cellplane_operator.domain.tenants import (
 from cellplane_operator.errors import CellApiError, CellplaneError, KubeConflictError
 from cellplane_operator.failpoints import failpoint
 from cellplane_operator.kube import CELLS, SECRETS, TENANTS
-from cellplane_operator.placement.election import Leadership, NotLeaderError
+from cellplane_operator.ownership.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, Stored, TenantKey
 from cellplane_operator.runtime.context import FINALIZER, RegionContext
 from cellplane_operator.runtime.workqueue import WorkQueue
