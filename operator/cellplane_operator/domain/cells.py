@@ -19,20 +19,32 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any, NewType
 
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
 from cellplane_operator.domain.fencing import ManualFence, fence_condition
 
-__all__ = ["CellName", "Region", "Tier", "StandbyReport", "CellObservation", "plan_cell_status",
+__all__ = ["CellName", "CellPhase", "Region", "Tier", "StandbyReport", "CellObservation", "plan_cell_status",
            "plan_refused_failover", "SERVING_PHASES", "CellFacts", "CellVerdict", "judge_cell",
            "plan_cell_acceptance"]
 
 CellName = NewType("CellName", str)
 Region = NewType("Region", str)
 
-SERVING_PHASES = frozenset({"Ready", "Draining", "Degraded"})
+class CellPhase(StrEnum):
+    """A Cell's ``status.phase``."""
+
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    DRAINING = "Draining"
+    FAILING_OVER = "FailingOver"
+    DEGRADED = "Degraded"
+    FENCED = "Fenced"
+
+
+SERVING_PHASES = frozenset({CellPhase.READY, CellPhase.DRAINING, CellPhase.DEGRADED})
 """Phases in which the cell's primary serves its tenants."""
 
 
@@ -105,34 +117,35 @@ def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[
 
     user_fence = observed.fence or observed.fence_in_force
     if observed.fenced:
-        phase = "Fenced"
+        phase = CellPhase.FENCED
         ready = condition("Ready", False, "Fenced",
                           "the owner could not confirm its lease in time and stopped the cell")
     elif user_fence is not None and observed.database_up:
         # Not Ready, so placement puts no tenant here and moves wait; the API still
         # answers (reads work, writes are refused by the database). Also while an
         # operator that just restarted has not adopted the lease yet: nothing writes then.
-        phase = "Fenced"
+        phase = CellPhase.FENCED
         ready = condition("Ready", False, "FencedByUser",
                           f"fenced on purpose: {user_fence.reason}")
     elif not observed.database_up:
-        phase = "Provisioning"
+        phase = CellPhase.PROVISIONING
         ready = condition("Ready", False, "DatabaseNotRunning",
                           observed.problem or "the primary database is starting")
     elif observed.epoch is None:
-        phase = "Provisioning"
+        phase = CellPhase.PROVISIONING
         ready = condition("Ready", False, "AwaitingOwnership",
                           "waiting to acquire the placement-group lease (after an operator "
                           "restart: until the previous holder's lease has run out)")
     elif not observed.serving:
-        phase = "Provisioning"
+        phase = CellPhase.PROVISIONING
         ready = condition("Ready", False, "ProcessesStarting",
                           observed.problem or "starting the cell API and workers")
     elif standby_problems and not was_serving:
-        phase = "Provisioning"
+        phase = CellPhase.PROVISIONING
         ready = condition("Ready", False, "StandbyNotStreaming", "; ".join(standby_problems))
     else:
-        phase = "Draining" if observed.draining else "Degraded" if standby_problems else "Ready"
+        phase = (CellPhase.DRAINING if observed.draining
+                 else CellPhase.DEGRADED if standby_problems else CellPhase.READY)
         ready = condition("Ready", True, "Serving",
                           f"primary site {observed.active_site} serves under epoch "
                           f"{observed.epoch}")
@@ -166,7 +179,7 @@ def plan_cell_status(observed: CellObservation, *, current_conditions: Sequence[
     lags = [r.lag_seconds for r in observed.standbys if r.lag_seconds is not None]
     if lags:
         status["standbyLagSeconds"] = round(max(lags), 3)
-    if ((phase in SERVING_PHASES or (phase == "Fenced" and not observed.fenced))
+    if ((phase in SERVING_PHASES or (phase == CellPhase.FENCED and not observed.fenced))
             and observed.api_endpoint and observed.admin_endpoint):
         status["endpoints"] = {"api": observed.api_endpoint, "admin": observed.admin_endpoint}
     return status
@@ -182,7 +195,7 @@ def plan_refused_failover(*, generation: int, reason: str, message: str,
     """
     ready = Condition("Ready", ConditionStatus.FALSE, reason, message,
                       observed_generation=generation)
-    return {"phase": "FailingOver", "conditions": set_condition(current_conditions, ready, now=now),
+    return {"phase": CellPhase.FAILING_OVER, "conditions": set_condition(current_conditions, ready, now=now),
             "endpoints": None}
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal
 
 from cellplane_cells.domain.plans import Quotas
 
-from cellplane_operator.domain.cells import SERVING_PHASES
+from cellplane_operator.domain.cells import SERVING_PHASES, CellPhase
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
 from cellplane_operator.domain.fencing import ManualFence
 
@@ -26,15 +27,27 @@ REFUSED_BY_CELL = frozenset({400, 413, 422})
 """Answers of a cell's admin API that refuse what was asked (the spec), not the moment:
 asking again changes nothing until the spec (or the cell's policy) does."""
 
-__all__ = ["TenantProgress", "plan_tenant_status", "REFUSED_BY_CELL", "refused_by_cell",
+__all__ = ["TenantPhase", "TenantProgress", "plan_tenant_status", "REFUSED_BY_CELL", "refused_by_cell",
            "name_problem", "TenantCell", "ProvisionIn", "WaitForTenantCell", "provisioning_cell",
            "provisioned_event", "SayProgress", "ForgetSaid", "progress_news"]
 
 
+class TenantPhase(StrEnum):
+    """A Tenant's ``status.phase``."""
+
+    PENDING = "Pending"
+    PLACING = "Placing"
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    UNPLACEABLE = "Unplaceable"
+    MOVING = "Moving"
+    DELETING = "Deleting"
+    DEGRADED = "Degraded"
+
+
 @dataclass(frozen=True)
 class TenantProgress:
-    phase: str
-    """Pending, Placing, Provisioning, Ready, Unplaceable, Deleting or Degraded."""
+    phase: TenantPhase
     reason: str
     message: str
     cell: str | None = None
@@ -57,7 +70,7 @@ def plan_tenant_status(progress: TenantProgress, *, generation: int,
         return Condition(type_, ConditionStatus.TRUE if ok else ConditionStatus.FALSE, reason,
                          message, observed_generation=generation)
 
-    ready = progress.phase in ("Ready", "Degraded")
+    ready = progress.phase in (TenantPhase.READY, TenantPhase.DEGRADED)
     placed = (condition("Placed", True, "Recorded",
                         f"placed in cell {progress.cell} at epoch {progress.epoch}")
               if progress.cell else condition("Placed", False, progress.reason, progress.message))
@@ -114,15 +127,15 @@ def refused_by_cell(*, cell: str, answer: str, targets: Sequence[tuple[str, str]
     # Longest first: of http://a and http://a:8080/x, the answer names the latter.
     for name, url in sorted(targets, key=lambda target: -len(target[1])):
         if url in answer:
-            return TenantProgress("Provisioning", "TargetRefused",
+            return TenantProgress(TenantPhase.PROVISIONING, "TargetRefused",
                                   f"cell {cell} refuses spec.targets[name={name}].url {url}: "
                                   f"{answer}", refused=True)
     for url in sorted(webhooks, key=len, reverse=True):
         if url in answer:
-            return TenantProgress("Provisioning", "WebhookRefused",
+            return TenantProgress(TenantPhase.PROVISIONING, "WebhookRefused",
                                   f"cell {cell} refuses spec.webhooks[url={url}]: {answer}",
                                   refused=True)
-    return TenantProgress("Provisioning", "SpecRefused",
+    return TenantProgress(TenantPhase.PROVISIONING, "SpecRefused",
                           f"cell {cell} refuses the tenant's spec: {answer}", refused=True)
 
 
@@ -171,7 +184,7 @@ def provisioning_cell(name: str, cell: TenantCell | None) -> ProvisionIn | WaitF
         return WaitForTenantCell(
             "CellNotReady", f"cell {name} is {phase or 'not reporting yet'}; the tenant is "
                             "provisioned there once it serves")
-    return ProvisionIn(cell.admin_endpoint, degraded=cell.phase == "Degraded")
+    return ProvisionIn(cell.admin_endpoint, degraded=cell.phase == CellPhase.DEGRADED)
 
 
 def provisioned_event(status: Mapping[str, Any], *, cell: str, generation: int) -> str | None:
@@ -179,7 +192,7 @@ def provisioned_event(status: Mapping[str, Any], *, cell: str, generation: int) 
     given the Tenant's status as it stands: ``Provisioned`` when it first serves there,
     ``QuotasApplied`` when a new generation reached the cell it serves from, None when a
     new leader merely provisioned again what its predecessor had."""
-    serving_there = status.get("cell") == cell and status.get("phase") in ("Ready", "Degraded")
+    serving_there = status.get("cell") == cell and status.get("phase") in (TenantPhase.READY, TenantPhase.DEGRADED)
     if serving_there and status.get("observedGeneration") == generation:
         return None
     return "QuotasApplied" if serving_there else "Provisioned"
@@ -203,10 +216,10 @@ def progress_news(progress: TenantProgress, *,
     """Whether the tenant's progress is news for an Event: once per reason while it does
     not serve (a refusal once per refused field too: its message names it), a Warning
     when it cannot be placed or its spec is refused; None when it was said already."""
-    if progress.phase in ("Ready", "Degraded"):
+    if progress.phase in (TenantPhase.READY, TenantPhase.DEGRADED):
         return ForgetSaid()
     said = f"{progress.reason}: {progress.message}" if progress.refused else progress.reason
     if said == said_before:
         return None
-    warning = progress.phase == "Unplaceable" or progress.refused
+    warning = progress.phase == TenantPhase.UNPLACEABLE or progress.refused
     return SayProgress("Warning" if warning else "Normal", said)

@@ -36,7 +36,8 @@ from cellplane_operator.domain.placement import (
 from cellplane_operator.domain.moves import MOVING_PHASES
 from cellplane_operator.domain.routing import KEY_PREFIX, key_digest
 from cellplane_operator.domain.tenants import (
-    REFUSED_BY_CELL, ForgetSaid, SayProgress, TenantCell, TenantProgress, WaitForTenantCell,
+    REFUSED_BY_CELL, ForgetSaid, SayProgress, TenantCell, TenantPhase, TenantProgress,
+    WaitForTenantCell,
     name_problem, plan_tenant_status, progress_news, provisioned_event, provisioning_cell,
     refused_by_cell,
 )
@@ -164,11 +165,11 @@ class TenantController:
             tenant = TenantSettings.from_body(body)
             quotas = tenant.quotas()
         except (ValueError, ValidationError) as error:
-            await self._report(key, body, TenantProgress("Unplaceable", "InvalidSpec", str(error)))
+            await self._report(key, body, TenantProgress(TenantPhase.UNPLACEABLE, "InvalidSpec", str(error)))
             return
         if (problem := name_problem(tenant.name)) is not None:
             # Stored before the CRD refused such names: its Secret could never be made.
-            await self._report(key, body, TenantProgress("Unplaceable", "InvalidName", problem))
+            await self._report(key, body, TenantProgress(TenantPhase.UNPLACEABLE, "InvalidName", problem))
             return
         await self._ctx.ensure_finalizer(TENANTS, body, FINALIZER)
         stored = self._records.get(key)
@@ -185,7 +186,7 @@ class TenantController:
                 return
             stored = placed
         record = stored.record
-        progress = TenantProgress("Provisioning", "CellNotReady", "", cell=record.cell,
+        progress = TenantProgress(TenantPhase.PROVISIONING, "CellNotReady", "", cell=record.cell,
                                 epoch=record.epoch, tenant_id=record.tenant_id, quotas=quotas)
         if tenant.isolation is Tier.DEDICATED:
             await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running)
@@ -238,7 +239,7 @@ class TenantController:
             self._provisioned[key] = applied
             await self._announce_provisioned(body, tenant, record, quotas)
         await self._report(key, body, replace(
-            progress, phase="Degraded" if where.degraded else "Ready", reason="Provisioned",
+            progress, phase=TenantPhase.DEGRADED if where.degraded else TenantPhase.READY, reason="Provisioned",
             api_endpoint=endpoints.get("api"), api_key_secret=secret_name,
             cell_degraded=where.degraded))
         # Only once its status is written too: a refused status write backs off as well.
@@ -268,9 +269,9 @@ class TenantController:
                 max_running=max_running, pinned_cell=tenant.pinned_cell)
             outcome = place(request, self._candidates())
             if isinstance(outcome, Unplaceable):
-                return TenantProgress("Unplaceable", outcome.reason, outcome.message)
+                return TenantProgress(TenantPhase.UNPLACEABLE, outcome.reason, outcome.message)
             if isinstance(outcome, WaitForCell) and tenant.isolation is Tier.SHARED:
-                return TenantProgress("Placing", outcome.reason, outcome.message)
+                return TenantProgress(TenantPhase.PLACING, outcome.reason, outcome.message)
             record = PlacementRecord(cell=outcome.cell, epoch=1,
                                      tenant_id=tenant_id(tenant.namespace, tenant.name, tenant.uid),
                                      uid=tenant.uid, max_running=max_running)
@@ -496,7 +497,7 @@ class TenantController:
             # The move sees the deletion and aborts (or, past its commit, finishes):
             # removing the tenant from a cell it is leaving would race the copy.
             await self._report(key, body, TenantProgress(
-                "Deleting", "MoveInProgress",
+                TenantPhase.DELETING, "MoveInProgress",
                 f"waiting for TenantMove {', '.join(moving)} to end before removing the tenant"))
             self._queue.later(key)
             return
@@ -510,7 +511,7 @@ class TenantController:
                 admin = (status.get("endpoints") or {}).get("admin")
                 if status.get("phase") not in SERVING_PHASES or not admin:
                     await self._report(key, body, TenantProgress(
-                        "Deleting", "CellUnavailable",
+                        TenantPhase.DELETING, "CellUnavailable",
                         f"waiting for cell {record.cell} to serve, to remove the tenant from it",
                         cell=record.cell, epoch=record.epoch, tenant_id=record.tenant_id))
                     self._queue.later(key)
