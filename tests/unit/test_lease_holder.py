@@ -1,7 +1,7 @@
 """The lease holder's whole loop (acquire, renew, self-fence, take over) over the in-memory
 store, without processes; tests/integration/test_ownership_etcd.py does the same on etcd.
 
-Leases here are 3 s long, so each test takes a few seconds of real time. What is checked
+Leases here are 4 s long, with a 2 s margin, so each test takes a few seconds of real time. What is checked
 are the safety rules, which hold however slow the machine is: a new owner never starts
 before the old owner's database grant has ended, and an owner that cannot renew stops
 before its lease ends.
@@ -23,7 +23,7 @@ from cellplane_operator.store import (
     Compare, Delete, InMemoryStore, KeyValueStore, Put, VersionedValue, WatchEvent,
 )
 
-SETTINGS = LeaseSettings(duration_seconds=3, renew_interval_seconds=0.5, margin_seconds=1)
+SETTINGS = LeaseSettings(duration_seconds=4, renew_interval_seconds=0.5, margin_seconds=2)
 CLOCK = SystemClock()
 
 
@@ -127,12 +127,23 @@ async def kill(process: Process) -> None:
         await process.task
 
 
-async def test_one_owner_acts_and_a_takeover_starts_only_after_the_old_grant_ended() -> None:
-    shared = InMemoryStore(CLOCK)
+@contextlib.asynccontextmanager
+async def owner_and_candidate(shared: InMemoryStore) -> AsyncIterator[tuple[Process, Process]]:
+    """region-a acting as the owner, region-b started after it; both ended at the end."""
     a = start(shared, "region-a")
-    await asyncio.wait_for(a.actor.acting.wait(), 10)
-    b = start(shared, "region-b")
+    b: Process | None = None
     try:
+        await asyncio.wait_for(a.actor.acting.wait(), 10)
+        b = start(shared, "region-b")
+        yield a, b
+    finally:
+        await kill(a)
+        if b is not None:
+            await kill(b)
+
+
+async def test_one_owner_acts_and_a_takeover_starts_only_after_the_old_grant_ended() -> None:
+    async with owner_and_candidate(InMemoryStore(CLOCK)) as (a, b):
         # Several renewals go by; b observes and never acts.
         await asyncio.wait_for(_until(lambda: len(a.actor.grant_ends) >= 4), 20)
         assert not b.actor.started
@@ -143,17 +154,10 @@ async def test_one_owner_acts_and_a_takeover_starts_only_after_the_old_grant_end
         assert epoch == a.actor.started[0][0] + 1
         assert started_at >= old_grant_end, (
             f"b started {old_grant_end - started_at:.2f} s before a's database grant ended")
-    finally:
-        await kill(a)
-        await kill(b)
 
 
 async def test_an_owner_cut_off_from_the_store_stops_before_its_lease_ends() -> None:
-    shared = InMemoryStore(CLOCK)
-    a = start(shared, "region-a")
-    await asyncio.wait_for(a.actor.acting.wait(), 10)
-    b = start(shared, "region-b")
-    try:
+    async with owner_and_candidate(InMemoryStore(CLOCK)) as (a, b):
         await asyncio.wait_for(_until(lambda: len(a.actor.grant_ends) >= 2), 20)
         a.store.cut = True
         await asyncio.wait_for(_until(lambda: bool(a.actor.stopped)), 20)
@@ -166,27 +170,21 @@ async def test_an_owner_cut_off_from_the_store_stops_before_its_lease_ends() -> 
         await asyncio.wait_for(b.actor.acting.wait(), 20)
         assert b.actor.started[0][1] >= max(a.actor.grant_ends)
         assert not a.actor.acting.is_set()
-    finally:
-        await kill(a)
-        await kill(b)
 
 
 async def test_a_release_hands_over_without_waiting_for_the_lease() -> None:
     shared = InMemoryStore(CLOCK)
-    a = start(shared, "region-a")
-    await asyncio.wait_for(a.actor.acting.wait(), 10)
-    b = start(shared, "region-b")
-    try:
+    async with owner_and_candidate(shared) as (a, b):
+        lease_id = a.holder.state.lease_id
+        assert lease_id is not None
         assert await a.holder.release()
-        released_at = CLOCK.monotonic()
+        # Released, the owner key and its lease are gone at once: b waits only the margin
+        # after seeing that, not for the lease to run out.
+        assert await shared.get(OwnershipTable(shared).owner_key("cell-1")) is None
+        assert await shared.keep_alive(lease_id) <= 0
         a.stop.set()
         await asyncio.wait_for(b.actor.acting.wait(), 20)
-        # Released, the owner key went at once: b waited only the margin, not the lease.
-        assert b.actor.started[0][1] - released_at < SETTINGS.duration_seconds
         assert a.actor.stopped and a.actor.stopped[0][1] <= b.actor.started[0][1]
-    finally:
-        await kill(a)
-        await kill(b)
 
 
 async def _until(condition: object) -> None:

@@ -41,10 +41,6 @@ class InMemoryStore:
         self.unavailable = False
         """While True every operation raises ``StoreUnavailableError`` (no quorum)."""
 
-    @property
-    def revision(self) -> int:
-        return self._revision
-
     def _begin(self, what: str) -> None:
         if self.unavailable:
             raise StoreUnavailableError(f"the in-memory store is unavailable: {what} not confirmed")
