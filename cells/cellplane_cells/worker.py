@@ -9,6 +9,12 @@ refuses as stale or past its lease stops claiming altogether. A job whose
 tenant is frozen for a move (or moved out) is refused by the database per
 tenant: the worker drops that job as if its claim were lost and keeps running.
 The reaper's loop also purges moved-out tenants whose retention has passed.
+
+Free slots go to priority classes as ``domain/priorities.py`` decides: each
+class with work gets its floor of this worker's slots, idle slots go to the
+highest class with work, and a borrowed slot is given back at the claim after
+its job ends. One claim round asks which classes have claimable work, then
+claims class by class until the decision has no slot left to fill.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,14 +35,15 @@ from psycopg_pool import ConnectionPool
 
 from cellplane_cells import jobqueue, moves
 from cellplane_cells.db import ThreadedDatabase
+from cellplane_cells.domain.priorities import Floors, Priority, next_claim
 from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_seconds
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
-from cellplane_cells.metrics import CLAIMS, STEP_CALLS
+from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, STEP_CALLS
 from cellplane_cells.queries import query
 
-__all__ = ["WorkerConfig", "Worker", "EPOCH_HEADER", "COST_HEADER"]
+__all__ = ["WorkerConfig", "Worker", "claim_round", "EPOCH_HEADER", "COST_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,17 @@ class WorkerConfig:
     """Interval of the sweep that purges moved-out tenants past their retention."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff of failed steps."""
+    floors: Floors | None = None
+    """Slots reserved per priority class; None: ``Floors.default_for(slots)``."""
+
+    def __post_init__(self) -> None:
+        if self.floors is not None and self.floors.slots != self.slots:
+            raise ValueError(f"the floors are for {self.floors.slots} slots, "
+                             f"the worker has {self.slots}")
+
+    @property
+    def bulkheads(self) -> Floors:
+        return self.floors if self.floors is not None else Floors.default_for(self.slots)
 
 
 @dataclass
@@ -102,17 +121,15 @@ class Worker:
         free = self._config.slots - len(self._running)
         if free <= 0 or self.fenced is not None:
             return []
+        by_class = Counter(r.job.priority for r in self._running.values())
         try:
-            jobs = await self._db(jobqueue.claim, worker=self._config.worker_id,
-                                  batch=min(free, self._config.batch),
-                                  lease_seconds=self._config.lease_seconds)
-        except (NotWritableError, TenantMovingError):
-            # TenantMovingError: a tenant of the batch froze between the claim's
-            # read and its write; the next claim passes it by.
+            jobs = await self._db(claim_round, self._config, by_class)
+        except NotWritableError:
             return []
         tasks = []
         for job in jobs:
             CLAIMS.labels(job.tenant_id).inc()
+            CLAIM_LAG.labels(job.priority.value).observe(max(job.waited_seconds, 0.0))
             running = _Running(job)
             self._running[job.job_id] = running
             running.task = asyncio.create_task(self._supervise(running))
@@ -294,6 +311,31 @@ class Worker:
         await self._db(jobqueue.release, job, permanent=outcome.permanent,
                        delay_seconds=outcome.delay_seconds, error=error,
                        error_code=outcome.error_code)
+
+
+def claim_round(conn: psycopg.Connection[Any], config: WorkerConfig,
+                running: Counter[Priority]) -> list[jobqueue.ClaimedJob]:
+    """Fills the worker's free slots class by class, as ``next_claim`` decides.
+
+    Every claim commits on its own, so the jobs of earlier claims are returned
+    even when a later one is refused for a tenant being moved (the next round
+    passes that tenant by)."""
+    running = Counter(running)
+    waiting = jobqueue.claimable_classes(conn)
+    claimed: list[jobqueue.ClaimedJob] = []
+    while (grant := next_claim(config.bulkheads, running, waiting)) is not None:
+        try:
+            jobs = jobqueue.claim(conn, worker=config.worker_id,
+                                  batch=min(grant.count, config.batch),
+                                  lease_seconds=config.lease_seconds, priority=grant.priority)
+        except TenantMovingError:
+            # A tenant of the batch froze between the claim's read and its write.
+            break
+        if not jobs:
+            waiting.discard(grant.priority)
+        running[grant.priority] += len(jobs)
+        claimed.extend(jobs)
+    return claimed
 
 
 def _call_context(conn: psycopg.Connection[Any], tenant_id: str, target: str) -> tuple[str, str] | None:
