@@ -10,7 +10,9 @@ simulated workers of ``--slots`` slots: threads that claim with the real claim
 round (``cellplane_cells.worker.claim_round``: the classes with work, then
 claim by class as ``domain/priorities.py`` decides) and complete with the real
 ``complete_job``, and that loop as ``Worker.run`` does: claim again at once
-after a round that claimed, otherwise after ``--poll-seconds``. A job "runs"
+after a round that claimed or when a job ends, otherwise after
+``--poll-seconds`` (``--poll-only``: not when a job ends, as workers did
+before priority classes). A job "runs"
 for a random time around ``--low-seconds`` (LOW) or ``--critical-seconds``,
 without calling anything. Meanwhile a producer queues one CRITICAL job every
 ``--probe-interval`` seconds for a random tenant.
@@ -102,6 +104,7 @@ class BenchConfig:
     critical_seconds: float
     probe_interval: float
     poll_seconds: float
+    wake_on_free: bool
 
 
 @dataclass(frozen=True)
@@ -178,8 +181,8 @@ def _duration(job: jobqueue.ClaimedJob, config: BenchConfig, rng: random.Random)
 
 def worker(pool: Any, index: int, config: BenchConfig, floors: Floors, *, stop_at: float,
            tally: Tally) -> None:
-    """Worker.run's loop over simulated jobs: claim at once after a round that claimed,
-    else after the poll; a job's slot frees when its time is up."""
+    """Worker.run's loop over simulated jobs: claim at once after a round that claimed
+    or when a job ends, else after the poll; a job's slot frees when its time is up."""
     rng = random.Random(index)
     worker_config = WorkerConfig(worker_id=f"bench-{index}", epoch=EPOCH, slots=config.slots,
                                  lease_seconds=LEASE_SECONDS, floors=floors)
@@ -191,6 +194,8 @@ def worker(pool: Any, index: int, config: BenchConfig, floors: Floors, *, stop_a
                 for item in [r for r in running if r[0] <= now]:
                     jobqueue.complete(conn, item[1], cost=0)
                     running.remove(item)
+                    if config.wake_on_free:
+                        next_claim_at = now
                 if now >= next_claim_at:
                     jobs = (claim_round(conn, worker_config,
                                         Counter(job.priority for _, job in running))
@@ -277,7 +282,8 @@ def print_tables(outcomes: list[Outcome], config: BenchConfig) -> None:
     print(f"\n### CRITICAL dispatch lag under a LOW flood ({config.tenants} tenants, "
           f"{config.low_jobs:,} LOW jobs queued; {config.workers} workers x {config.slots} "
           f"slots = {slots}; LOW jobs ~{config.low_seconds:g} s; one probe every "
-          f"{config.probe_interval:g} s; poll {config.poll_seconds:g} s; {config.seconds:g} s "
+          f"{config.probe_interval:g} s; poll {config.poll_seconds:g} s"
+          f"{'' if config.wake_on_free else ', no wake when a job ends'}; {config.seconds:g} s "
           "per variant)\n")
     print("| variant | floors | probes | claimed | lag p50 (s) | lag p99 (s) | lag max (s) |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -321,11 +327,14 @@ def parse_args() -> BenchConfig:
     parser.add_argument("--poll-seconds", type=float, default=0.5,
                         help="the worker's pause after a round that claimed nothing "
                              "(WorkerConfig.poll_seconds)")
+    parser.add_argument("--poll-only", action="store_true",
+                        help="a freed slot waits for the poll (workers before priority classes)")
     args = parser.parse_args()
     return BenchConfig(seconds=args.seconds, workers=args.workers, slots=args.slots,
                        tenants=args.tenants, low_jobs=args.low_jobs, high_jobs=args.high_jobs,
                        low_seconds=args.low_seconds, critical_seconds=args.critical_seconds,
-                       probe_interval=args.probe_interval, poll_seconds=args.poll_seconds)
+                       probe_interval=args.probe_interval, poll_seconds=args.poll_seconds,
+                       wake_on_free=not args.poll_only)
 
 
 def main() -> None:

@@ -107,6 +107,9 @@ class Worker:
         self._wall_clock = wall_clock
         self._running: dict[Any, _Running] = {}
         self._db = ThreadedDatabase(pool, component=f"worker {config.worker_id}")
+        # Set when a job ends: the claim loop's pause ends with it, so a freed
+        # slot goes to the highest class with work now, not at the next poll.
+        self._slot_freed = asyncio.Event()
 
     @property
     def fenced(self) -> NotWritableError | None:
@@ -151,16 +154,14 @@ class Worker:
         reaper = asyncio.create_task(self._reap_forever(stop))
         try:
             while not stop.is_set() and self.fenced is None:
+                self._slot_freed.clear()  # before the claim: a job ending during it counts
                 try:
                     started = await self.claim_and_start()
                 except psycopg.OperationalError as error:
                     log.warning("claim failed, retrying: %s", error)
                     started = []
                 if not started:
-                    try:
-                        await asyncio.wait_for(stop.wait(), self._config.poll_seconds)
-                    except asyncio.TimeoutError:
-                        pass
+                    await self._pause(stop)
         finally:
             reaper.cancel()
             for running in list(self._running.values()):
@@ -168,6 +169,16 @@ class Worker:
                     running.task.cancel()
             await asyncio.gather(*(r.task for r in self._running.values() if r.task),
                                  return_exceptions=True)
+
+    async def _pause(self, stop: asyncio.Event) -> None:
+        """Until the poll interval passes, a job ends (its slot is free) or stop is asked."""
+        wakers = [asyncio.create_task(stop.wait()), asyncio.create_task(self._slot_freed.wait())]
+        try:
+            await asyncio.wait(wakers, timeout=self._config.poll_seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waker in wakers:
+                waker.cancel()
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         purged_at: float | None = None
@@ -222,6 +233,7 @@ class Worker:
         finally:
             beat.cancel()
             self._running.pop(running.job.job_id, None)
+            self._slot_freed.set()
 
     async def _heartbeat(self, running: _Running, work: asyncio.Task[None]) -> None:
         while not work.done():

@@ -3,20 +3,26 @@ job takes the first slot a LOW flood frees, and tenants still take turns within 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import httpx
 import psycopg
 import pytest
 from cellapi import Cell
-from cellfixtures import enqueue, fetch, write
+from cellfixtures import enqueue, fetch, setup_tenant, write
 from cellplane_cells import jobqueue
+from cellplane_cells.db import open_pool
 from cellplane_cells.dispatch import dispatch_due
 from cellplane_cells.domain.plans import Plan
 from cellplane_cells.domain.priorities import Floors, Priority
 from cellplane_cells.tenants import TenantSpec, upsert_tenant
-from cellplane_cells.worker import WorkerConfig, claim_round
+from cellplane_cells.worker import Worker, WorkerConfig, claim_round
+from httpservers import Call, RecordingServer
+from starlette.responses import JSONResponse, Response
 
 CRITICAL, HIGH, DEFAULT, LOW = Priority.CRITICAL, Priority.HIGH, Priority.DEFAULT, Priority.LOW
 WORKER = WorkerConfig(worker_id="w", epoch=1, slots=10, batch=4,
@@ -151,3 +157,49 @@ def test_a_schedule_queues_its_runs_in_its_class(cell: Cell) -> None:
     assert fetch(cell.conninfo, "SELECT priority FROM jobs WHERE job_id = (SELECT job_id FROM"
                                 " schedule_runs WHERE schedule_id = %s)",
                  uuid.UUID(schedule_id)) == [("CRITICAL",)]
+
+
+async def test_a_worker_gives_a_freed_slot_to_a_waiting_critical_job_before_its_next_poll(
+        cell_db: str) -> None:
+    """One slot, a LOW job holding it at its target, a CRITICAL job queued behind it, and a
+    poll interval far longer than the test's patience: the slot goes to the CRITICAL job
+    when the LOW job ends, not when the worker next polls."""
+    release = threading.Event()
+
+    async def respond(call: Call) -> Response:
+        while call.json["payload"].get("hold") and not release.is_set():
+            await asyncio.sleep(0.02)
+        return JSONResponse({"ok": True})
+
+    with RecordingServer(respond) as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run")
+        with psycopg.connect(cell_db) as conn:
+            conn.execute("SET cellplane.epoch = '1'")
+            conn.execute("UPDATE jobs SET payload = '{\"hold\": true}'"
+                         " WHERE job_id = ANY(%s)", (enqueue(conn, "acme", 1, priority="LOW"),))
+            conn.commit()
+        config = WorkerConfig("w", epoch=1, slots=1, floors=Floors.none(1), poll_seconds=600.0,
+                              lease_seconds=30.0, heartbeat_seconds=5.0)
+        stop = asyncio.Event()
+        with open_pool(cell_db, epoch=1, max_size=4) as pool:
+            async with httpx.AsyncClient() as http:
+                running = asyncio.create_task(Worker(pool, http, config).run(stop))
+                await until(lambda: len(target.snapshot()) == 1)  # the LOW job holds the slot
+                with psycopg.connect(cell_db) as conn:
+                    conn.execute("SET cellplane.epoch = '1'")
+                    [critical] = enqueue(conn, "acme", 1, priority="CRITICAL")
+                    enqueue(conn, "acme", 5, priority="LOW")
+                release.set()
+                await until(lambda: len(target.snapshot()) == 2)
+                stop.set()
+                await running
+        assert target.snapshot()[1].json["job_id"] == str(critical)
+
+
+async def until(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    """Awaits ``condition``; far below the worker's 600 s poll, far above a busy machine's
+    slowest claim."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
