@@ -34,6 +34,7 @@ judges nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import threading
@@ -311,6 +312,14 @@ def print_tables(outcomes: list[Outcome], config: BenchConfig) -> None:
         share = low / (high + low) if high + low else 0.0
         print(f"| {o.variant.name} | {_percentile(o.lags, 0.99):.3f} | {high} | {low} "
               f"| {share:.1%} |")
+    # Jobs claimed per second against what the slots could run: well below 1 means the
+    # machine (shared, or too small) was the bottleneck, and the lags measure it too.
+    for o in outcomes:
+        rate = sum(o.claimed.values()) / config.seconds
+        print(f"\n- {o.variant.name}: {rate:.0f} jobs claimed/s, "
+              f"{rate * config.low_seconds / slots:.0%} of what {slots} slots run", end="")
+    print(f"\n- load average (1, 5, 15 min) at the end: "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
 
 
 def parse_args() -> BenchConfig:
