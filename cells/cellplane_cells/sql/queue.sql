@@ -6,15 +6,21 @@
 -- name: claimable_classes
 -- The priority classes that have a due job of a tenant that may run one now
 -- (active, under its running cap): the classes a worker's free slots may go to
--- (domain/priorities.py). Driven from the tenants, so a flood of jobs of
--- capped tenants is never walked.
+-- (domain/priorities.py). Driven from the tenants, one walk of
+-- jobs_queued_by_class per class and tenant, as the claim's own pick: written
+-- as "the oldest due job" (the index's order) so that the planner walks the
+-- index. A plain EXISTS was planned as a scan of every queued job per tenant
+-- (1.5 s under a 40,000-job flood, against about a millisecond).
 SELECT c.priority
   FROM unnest(ARRAY['CRITICAL', 'HIGH', 'DEFAULT', 'LOW']) AS c(priority)
  WHERE EXISTS (SELECT 1 FROM tenants t
-                WHERE t.state = 'active' AND t.running < t.max_running
-                  AND EXISTS (SELECT 1 FROM jobs q
-                               WHERE q.priority = c.priority AND q.tenant_id = t.tenant_id
-                                 AND q.status = 'queued' AND q.run_after <= now()));
+                CROSS JOIN LATERAL (
+                      SELECT q.job_id FROM jobs q
+                       WHERE q.priority = c.priority AND q.tenant_id = t.tenant_id
+                         AND q.status = 'queued' AND q.run_after <= now()
+                       ORDER BY q.created_at, q.job_id
+                       LIMIT 1) due
+                WHERE t.state = 'active' AND t.running < t.max_running);
 
 -- name: claim_jobs
 -- Jobs of one priority class (the worker decides which, domain/priorities.py).
