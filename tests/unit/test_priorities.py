@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 
 import pytest
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from cellplane_cells.domain.priorities import (
     Floors, FloorsError, Grant, Priority, next_claim, parse_floors,
 )
+from cellplane_cells.submission import JobRequest, request_hash
 
 CRITICAL, HIGH, DEFAULT, LOW = Priority.CRITICAL, Priority.HIGH, Priority.DEFAULT, Priority.LOW
 FLOORS = Floors(10, {CRITICAL: 2, HIGH: 2, DEFAULT: 2, LOW: 1})
@@ -142,3 +145,13 @@ def test_a_round_never_overfills_and_never_leaves_a_slot_idle_while_work_waits(
         if granted and running[priority] > floors.floor(priority):
             higher = list(Priority)[:list(Priority).index(priority)]
             assert all(due[h] == 0 for h in higher)
+
+
+def test_a_default_job_hashes_as_before_classes_so_a_retry_across_the_upgrade_still_matches(
+) -> None:
+    fields = dict(target="default", payload={"n": 1}, steps=1, max_attempts=3, estimate=0,
+                  expires_in_seconds=None)
+    before = hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":"))
+                            .encode()).digest()
+    assert request_hash(JobRequest(**fields)) == before  # type: ignore[arg-type]
+    assert request_hash(JobRequest(**fields, priority=CRITICAL)) != before  # type: ignore[arg-type]
