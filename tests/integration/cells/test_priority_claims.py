@@ -13,7 +13,7 @@ import httpx
 import psycopg
 import pytest
 from cellapi import Cell
-from cellfixtures import enqueue, fetch, setup_tenant, write
+from cellfixtures import create_cell_database, enqueue, fetch, setup_tenant, write
 from cellplane_cells import jobqueue
 from cellplane_cells.db import open_pool
 from cellplane_cells.dispatch import dispatch_due
@@ -158,6 +158,28 @@ def test_a_schedule_queues_its_runs_in_its_class(cell: Cell) -> None:
                                 " schedule_runs WHERE schedule_id = %s)",
                  uuid.UUID(schedule_id)) == [("CRITICAL",)]
 
+
+def test_an_imported_and_a_redriven_job_keep_their_class(cell: Cell, cell_postgres) -> None:  # type: ignore[no-untyped-def]
+    auth = cell.tenant("acme", credit=1000, burst=20)
+    job_id = cell.submit(auth, "a", estimate=100, priority="HIGH").json()["job_id"]
+    bundle = cell.admin.get("/admin/v1/tenants/acme/export").json()
+    target_db = create_cell_database(cell_postgres.postgres["cell"],
+                                     f"target_{uuid.uuid4().hex[:8]}")
+    target = Cell(target_db)
+    try:
+        imported = target.admin.post("/admin/v1/tenants/acme/import",
+                                     json={"epoch": 2, "bundle": bundle})
+        assert imported.status_code == 200, imported.text
+        assert fetch(target_db, "SELECT priority FROM jobs") == [("HIGH",)]
+    finally:
+        target.close()
+    write(cell.conninfo, "UPDATE jobs SET status = 'dead', finished_at = now()")
+    with cell.pool.connection() as conn:
+        jobqueue.refund(conn, uuid.UUID(job_id))
+    redriven = cell.admin.post("/admin/v1/tenants/acme/dead-letter:redrive", json={"limit": 1})
+    assert redriven.status_code == 200, redriven.text
+    assert fetch(cell.conninfo, "SELECT priority FROM jobs WHERE redriven_from = %s",
+                 uuid.UUID(job_id)) == [("HIGH",)]
 
 async def test_a_worker_gives_a_freed_slot_to_a_waiting_critical_job_before_its_next_poll(
         cell_db: str) -> None:
