@@ -150,7 +150,12 @@ def _spec(body: ScheduleBody) -> ScheduleSpec:
 
 def _body_hash(body: ScheduleBody) -> bytes:
     """Equal for two requests that ask for the same schedule, however their JSON was laid out."""
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    fields = body.model_dump(mode="json")
+    # A DEFAULT schedule hashes as before priorities existed, so a create retried
+    # across the upgrade still matches the key it was first stored under.
+    if fields["priority"] == Priority.DEFAULT.value:
+        del fields["priority"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).digest()
 
 
