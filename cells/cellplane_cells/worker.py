@@ -9,6 +9,12 @@ refuses as stale or past its lease stops claiming altogether. A job whose
 tenant is frozen for a move (or moved out) is refused by the database per
 tenant: the worker drops that job as if its claim were lost and keeps running.
 The reaper's loop also purges moved-out tenants whose retention has passed.
+
+Free slots go to priority classes as ``domain/priorities.py`` decides: each
+class with work gets its floor of this worker's slots, idle slots go to the
+highest class with work, and a borrowed slot is given back at the claim after
+its job ends. One claim round asks which classes have claimable work, then
+claims class by class until the decision has no slot left to fill.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,14 +35,15 @@ from psycopg_pool import ConnectionPool
 
 from cellplane_cells import jobqueue, moves
 from cellplane_cells.db import ThreadedDatabase
+from cellplane_cells.domain.priorities import Floors, Priority, next_claim
 from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_seconds
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
-from cellplane_cells.metrics import CLAIMS, STEP_CALLS
+from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, STEP_CALLS
 from cellplane_cells.queries import query
 
-__all__ = ["WorkerConfig", "Worker", "EPOCH_HEADER", "COST_HEADER"]
+__all__ = ["WorkerConfig", "Worker", "claim_round", "EPOCH_HEADER", "COST_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,17 @@ class WorkerConfig:
     """Interval of the sweep that purges moved-out tenants past their retention."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff of failed steps."""
+    floors: Floors | None = None
+    """Slots reserved per priority class; None: ``Floors.default_for(slots)``."""
+
+    def __post_init__(self) -> None:
+        if self.floors is not None and self.floors.slots != self.slots:
+            raise ValueError(f"the floors are for {self.floors.slots} slots, "
+                             f"the worker has {self.slots}")
+
+    @property
+    def bulkheads(self) -> Floors:
+        return self.floors if self.floors is not None else Floors.default_for(self.slots)
 
 
 @dataclass
@@ -88,6 +107,9 @@ class Worker:
         self._wall_clock = wall_clock
         self._running: dict[Any, _Running] = {}
         self._db = ThreadedDatabase(pool, component=f"worker {config.worker_id}")
+        # Set when a job ends: the claim loop's pause ends with it, so a freed
+        # slot goes to the highest class with work now, not at the next poll.
+        self._slot_freed = asyncio.Event()
 
     @property
     def fenced(self) -> NotWritableError | None:
@@ -102,17 +124,15 @@ class Worker:
         free = self._config.slots - len(self._running)
         if free <= 0 or self.fenced is not None:
             return []
+        by_class = Counter(r.job.priority for r in self._running.values())
         try:
-            jobs = await self._db(jobqueue.claim, worker=self._config.worker_id,
-                                  batch=min(free, self._config.batch),
-                                  lease_seconds=self._config.lease_seconds)
-        except (NotWritableError, TenantMovingError):
-            # TenantMovingError: a tenant of the batch froze between the claim's
-            # read and its write; the next claim passes it by.
+            jobs = await self._db(claim_round, self._config, by_class)
+        except NotWritableError:
             return []
         tasks = []
         for job in jobs:
             CLAIMS.labels(job.tenant_id).inc()
+            CLAIM_LAG.labels(job.priority.value).observe(max(job.waited_seconds, 0.0))
             running = _Running(job)
             self._running[job.job_id] = running
             running.task = asyncio.create_task(self._supervise(running))
@@ -134,16 +154,14 @@ class Worker:
         reaper = asyncio.create_task(self._reap_forever(stop))
         try:
             while not stop.is_set() and self.fenced is None:
+                self._slot_freed.clear()  # before the claim: a job ending during it counts
                 try:
                     started = await self.claim_and_start()
                 except psycopg.OperationalError as error:
                     log.warning("claim failed, retrying: %s", error)
                     started = []
                 if not started:
-                    try:
-                        await asyncio.wait_for(stop.wait(), self._config.poll_seconds)
-                    except asyncio.TimeoutError:
-                        pass
+                    await self._pause(stop)
         finally:
             reaper.cancel()
             for running in list(self._running.values()):
@@ -151,6 +169,16 @@ class Worker:
                     running.task.cancel()
             await asyncio.gather(*(r.task for r in self._running.values() if r.task),
                                  return_exceptions=True)
+
+    async def _pause(self, stop: asyncio.Event) -> None:
+        """Until the poll interval passes, a job ends (its slot is free) or stop is asked."""
+        wakers = [asyncio.create_task(stop.wait()), asyncio.create_task(self._slot_freed.wait())]
+        try:
+            await asyncio.wait(wakers, timeout=self._config.poll_seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waker in wakers:
+                waker.cancel()
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         purged_at: float | None = None
@@ -205,6 +233,7 @@ class Worker:
         finally:
             beat.cancel()
             self._running.pop(running.job.job_id, None)
+            self._slot_freed.set()
 
     async def _heartbeat(self, running: _Running, work: asyncio.Task[None]) -> None:
         while not work.done():
@@ -294,6 +323,31 @@ class Worker:
         await self._db(jobqueue.release, job, permanent=outcome.permanent,
                        delay_seconds=outcome.delay_seconds, error=error,
                        error_code=outcome.error_code)
+
+
+def claim_round(conn: psycopg.Connection[Any], config: WorkerConfig,
+                running: Counter[Priority]) -> list[jobqueue.ClaimedJob]:
+    """Fills the worker's free slots class by class, as ``next_claim`` decides.
+
+    Every claim commits on its own, so the jobs of earlier claims are returned
+    even when a later one is refused for a tenant being moved (the next round
+    passes that tenant by)."""
+    running = Counter(running)
+    waiting = jobqueue.claimable_classes(conn)
+    claimed: list[jobqueue.ClaimedJob] = []
+    while (grant := next_claim(config.bulkheads, running, waiting)) is not None:
+        try:
+            jobs = jobqueue.claim(conn, worker=config.worker_id,
+                                  batch=min(grant.count, config.batch),
+                                  lease_seconds=config.lease_seconds, priority=grant.priority)
+        except TenantMovingError:
+            # A tenant of the batch froze between the claim's read and its write.
+            break
+        if not jobs:
+            waiting.discard(grant.priority)
+        running[grant.priority] += len(jobs)
+        claimed.extend(jobs)
+    return claimed
 
 
 def _call_context(conn: psycopg.Connection[Any], tenant_id: str, target: str) -> tuple[str, str] | None:
