@@ -30,8 +30,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from cellplane_operator.aio import first_of
 from cellplane_operator.domain.cells import (
     CellObservation,
@@ -345,7 +343,8 @@ class CellSiteRunner:
         database = await self._ctx.driver.ensure_primary_database(self.site)
         self._database = database
         if self._grant is None or self._grant.conninfo != database.conninfo:
-            self._grant = CellDatabaseGrant(database.conninfo, fence=lambda: self.fence)
+            self._grant = CellDatabaseGrant(self._ctx.databases, database.conninfo,
+                                            fence=lambda: self.fence)
         return database
 
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
@@ -411,7 +410,7 @@ class CellSiteRunner:
             return  # the watchdog stops the work (a zero grant); nothing to open
         try:
             await grant.renew_grant(epoch, remaining)
-        except psycopg.Error as error:
+        except CellplaneError as error:
             # The next renewal grants under the fence as it then stands.
             log.warning("%s: could not apply the fence to the database grant: %s",
                         self.site.name, error)
