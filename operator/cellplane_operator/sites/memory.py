@@ -67,6 +67,8 @@ class FakeSite:
     lag_seconds: float = 0.0
     """What a streaming standby reports as its replay lag."""
     replay_held: bool = False
+    checks: int = 0
+    """How many times ``check`` looked at the site: a test's count of a runner's passes."""
 
     @property
     def endpoint(self) -> DatabaseEndpoint:
@@ -231,6 +233,7 @@ class InMemorySites:
         found = self.sites.get(site)
         if found is None:
             return SiteHealth(database_up=False, serving=False, epoch=None, endpoints=None)
+        found.checks += 1
         restarted: list[str] = []
         if not found.database_up and found.role in ("primary", "standby"):
             found.database_up = True
