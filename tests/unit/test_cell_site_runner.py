@@ -1,11 +1,12 @@
-"""The cell site runner's whole loop (lease, serving, status, takeover, fencing, removal) over
-the fakes of its ports (tests/cellsitefakes.py), without processes; tests/integration/
-test_region_loss.py and test_manual_fence.py do the same with real sites and etcd.
+"""The cell site runner's whole loop (lease, serving, status, takeover, switchover, fencing,
+removal) over the fakes of its ports (tests/cellsitefakes.py), without processes;
+tests/integration/test_region_loss.py and test_manual_fence.py do the same with real sites
+and etcd.
 
 Leases are 3 s with a 1 s margin, so a takeover takes about four seconds of real time.
 What is checked holds however slow the machine is: the epoch a site serves under, what
 the Cell's status and Events say, and that an owner cut off from etcd ends its database's
-writes no later than its lease's end minus the margin.
+writes before its lease ends.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from cellplane_operator.domain.failover import SWITCHOVER_TO
 from cellplane_operator.domain.ownership import Role
+from cellplane_operator.kube import CELLS
 from cellsitefakes import CELL, LEASE, CellWorld, eventually
 from regionfakes import condition
 
@@ -42,9 +45,12 @@ async def ready_status(world: CellWorld, epoch: int, phase: str = "Ready") -> di
 async def test_the_home_region_takes_the_lease_serves_under_its_epoch_and_reports_ready(
         world: CellWorld) -> None:
     await world.create_cell()
+    # What the placement leader writes into the status: the site's patches leave it be.
+    await world.kube.patch(CELLS, CELL, {"status": {"tenants": 3}}, subresource="status")
     home = await world.region("region-a")
 
     status = await ready_status(world, 1)
+    assert status["tenants"] == 3
 
     site = world.site("region-a")
     assert site is not None and site.serving is not None and site.serving.epoch == 1
@@ -133,8 +139,11 @@ async def test_a_standby_too_far_behind_is_not_promoted_and_says_why(world: Cell
     refused = await eventually(lambda: world.events("FailoverRefused"),
                                "the FailoverRefused Event")
     assert "60.0s behind" in refused[0]["message"]
-    ready = condition(await world.status(), "Ready")
+    status = await world.status()
+    ready = condition(status, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "StandbyTooFarBehind")
+    assert "endpoints" not in status  # the lost primary's, removed: nobody serves there
+    assert status["phase"] == "FailingOver"
     await standby.passes(10)
     assert lagging.role == "standby" and lagging.serving is None
     assert (await world.group()).epoch == 1
@@ -184,3 +193,57 @@ async def test_a_site_of_a_removed_cell_is_destroyed_with_its_report_and_witness
 
 async def _exists(path: Path) -> bool:
     return path.exists()
+
+
+async def test_a_planned_switchover_hands_the_cell_to_the_standby_under_the_next_epoch(
+        world: CellWorld) -> None:
+    await world.create_cell(standby_regions=("region-b",))
+    home = await world.region("region-a")
+    await world.region("region-b")
+    await ready_status(world, 1)
+
+    await world.kube.patch(CELLS, CELL, {"metadata": {"annotations": {SWITCHOVER_TO: "region-b"}}})
+
+    async def switched() -> dict[str, object] | None:
+        status = await world.status()
+        took_over = status.get("lastTakeover")
+        return status if isinstance(took_over, dict) and took_over["epoch"] == 2 else None
+    status = await eventually(switched, "the switchover to show in the status")
+    assert status["activeRegion"] == "region-b"
+    took_over = status["lastTakeover"]
+    assert isinstance(took_over, dict) and took_over["planned"] is True
+    new = world.site("region-b")
+    assert new is not None and new.role == "primary" and new.serving is not None
+    assert new.serving.epoch == 2
+    assert not world.sites.accepts_writes(home.site, 1)
+    assert await world.events("SwitchoverHandedOver")
+
+    async def request_removed() -> bool:
+        cell = await world.kube.get(CELLS, CELL) or {}
+        return SWITCHOVER_TO not in (cell["metadata"].get("annotations") or {})
+    await eventually(request_removed, "the switchover request to be removed")
+
+
+async def test_a_switchover_whose_standby_did_not_replay_the_last_wal_is_given_up(
+        world: CellWorld) -> None:
+    await world.create_cell(standby_regions=("region-b",))
+    home = await world.region("region-a")
+    await world.region("region-b")
+    await ready_status(world, 1)
+    behind = world.site("region-b")
+    assert behind is not None
+    behind.replay_held = True
+
+    await world.kube.patch(CELLS, CELL, {"metadata": {"annotations": {SWITCHOVER_TO: "region-b"}}})
+
+    aborted = await eventually(lambda: world.events("SwitchoverAborted"),
+                               "the SwitchoverAborted Event")
+    assert "switchover aborted, region-a serves again under epoch 1" in aborted[0]["message"]
+
+    async def serving_again() -> bool:
+        site = world.site("region-a")
+        return (site is not None and site.role == "primary" and site.database_up
+                and world.sites.accepts_writes(home.site, 1))
+    await eventually(serving_again, "region-a to take writes again under epoch 1")
+    assert (await world.group()).epoch == 1
+    assert behind.role == "standby"

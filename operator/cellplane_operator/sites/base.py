@@ -172,5 +172,5 @@ class CellDatabases(Protocol):
         (a fence a person put on). Raises ``SiteError`` when it did not take the grant."""
 
     async def replayed(self, standby: str, lsn: str, *, timeout_seconds: float) -> bool:
-        """Waits until the ``standby`` database has replayed the WAL up to ``lsn``: False when it has not
-        within ``timeout_seconds``, or cannot be reached."""
+        """Waits until the ``standby`` database has replayed the WAL up to ``lsn``: False
+        when it has not within ``timeout_seconds``, or cannot be reached."""
