@@ -9,7 +9,7 @@ import pytest
 
 from cellplane_operator.clock import SystemClock
 from cellplane_operator.errors import SiteError
-from cellplane_operator.sites.base import CellDatabases, SiteDriver, SiteKey
+from cellplane_operator.sites.base import CellDatabases, ServingSpec, SiteDriver, SiteKey
 from cellplane_operator.sites.memory import InMemorySites
 from sitecontract import CHECKS, Check
 
@@ -78,3 +78,15 @@ async def test_a_held_standby_does_not_replay_what_its_primary_wrote_since() -> 
     lsn = await sites.demote_for_handover(primary)
 
     assert not await sites.replayed(replica.conninfo, lsn, timeout_seconds=0.1)
+
+
+async def test_check_restarts_serving_processes_that_died_under_their_epoch() -> None:
+    sites = InMemorySites(CLOCK)
+    site = SiteKey("c", "region-a")
+    await sites.ensure_primary_database(site)
+    await sites.start_serving(site, ServingSpec(epoch=3, admin_token="t"))
+    sites.crash_serving(site)
+
+    health = await sites.check(site)
+
+    assert health.restarted == ("api",) and health.serving and health.epoch == 3

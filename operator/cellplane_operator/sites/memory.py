@@ -89,8 +89,6 @@ class InMemorySites:
         self._clock = clock
         self.sites: dict[SiteKey, FakeSite] = {}
         self.lost_regions: set[str] = set()
-        self.calls: list[tuple[str, SiteKey]] = []
-        """Every driver call that changes a site, in order."""
 
     # -- faults and observations ----------------------------------------------------------
 
@@ -102,14 +100,6 @@ class InMemorySites:
 
     def crash_serving(self, site: SiteKey) -> None:
         self._site(site).serving_dead = True
-
-    def write(self, site: SiteKey, count: int = 1) -> str:
-        """The primary commits ``count`` transactions; its end of WAL."""
-        found = self._site(site)
-        if found.role != "primary" or not found.database_up:
-            raise SiteError(f"{site.name} takes no write: it is not a running primary")
-        found.lsn += count
-        return _lsn(found.lsn)
 
     def accepts_writes(self, site: SiteKey, epoch: int) -> bool:
         """Whether the site's database would take a write made under ``epoch`` now."""
@@ -123,7 +113,7 @@ class InMemorySites:
     # -- SiteDriver -----------------------------------------------------------------------
 
     async def ensure_primary_database(self, site: SiteKey) -> DatabaseEndpoint:
-        found = self._reach(site, "ensure_primary_database", create=True)
+        found = self._reach(site, create=True)
         if found.role == "fenced":
             raise SiteError(f"{site.name} is fenced: it cannot be used as a primary")
         if found.role == "standby":
@@ -134,7 +124,7 @@ class InMemorySites:
 
     async def ensure_standby_database(self, site: SiteKey,
                                       primary: DatabaseEndpoint) -> DatabaseEndpoint:
-        found = self._reach(site, "ensure_standby_database", create=True)
+        found = self._reach(site, create=True)
         if found.role in _KEPT_DOWN:
             raise SiteError(f"{site.name} is {found.role}: it cannot be adopted as a standby "
                             "(rebuild_as_standby rewinds it)")
@@ -147,7 +137,7 @@ class InMemorySites:
         return found.endpoint
 
     async def promote_database(self, site: SiteKey) -> DatabaseEndpoint:
-        found = self._reach(site, "promote_database")
+        found = self._reach(site)
         if found.role is None:
             raise SiteError(f"{site.name} has no database to promote")
         if found.role in _KEPT_DOWN:
@@ -161,7 +151,7 @@ class InMemorySites:
         return None if found is None else found.role
 
     async def demote_for_handover(self, site: SiteKey) -> str:
-        found = self._reach(site, "demote_for_handover")
+        found = self._reach(site)
         if found.role == "demoted" and found.handover_lsn is not None:
             return _lsn(found.handover_lsn)
         if found.role != "primary":
@@ -175,7 +165,7 @@ class InMemorySites:
         return _lsn(found.lsn)
 
     async def open_fenced_for_reading(self, site: SiteKey) -> str:
-        found = self._reach(site, "open_fenced_for_reading")
+        found = self._reach(site)
         if found.role not in _KEPT_DOWN:
             raise SiteError(f"{site.name} is neither fenced nor demoted: it is not opened for "
                             "reading")
@@ -188,13 +178,13 @@ class InMemorySites:
             found.open_for_reading = False
 
     async def fence_database(self, site: SiteKey) -> None:
-        found = self._reach(site, "fence_database", create=True)
+        found = self._reach(site, create=True)
         found.role, found.database_up = "fenced", False
         found.serving = found.warm = None
 
     async def rebuild_as_standby(self, site: SiteKey,
                                  primary: DatabaseEndpoint) -> DatabaseEndpoint:
-        found = self._reach(site, "rebuild_as_standby")
+        found = self._reach(site)
         if found.role == "standby" and found.follows == primary:
             found.database_up = True
             return found.endpoint
@@ -208,7 +198,7 @@ class InMemorySites:
         return found.endpoint
 
     async def start_serving(self, site: SiteKey, spec: ServingSpec) -> SiteEndpoints:
-        found = self._reach(site, "start_serving")
+        found = self._reach(site)
         if found.role != "primary":
             raise SiteError(f"{site.name} has no primary database: ensure_primary_database first")
         found.database_up = True
@@ -216,7 +206,7 @@ class InMemorySites:
         return found.endpoints
 
     async def warm_up(self, site: SiteKey, spec: ServingSpec) -> None:
-        found = self._reach(site, "warm_up")
+        found = self._reach(site)
         if found.role != "standby":
             raise SiteError(f"{site.name} is not a standby: only a standby's API is warmed up")
         found.warm = replace(spec, worker_processes=0)
@@ -225,7 +215,6 @@ class InMemorySites:
         self._check_reachable(site)
         found = self.sites.get(site)
         if found is not None:
-            self.calls.append(("stop_serving", site))
             found.serving = found.warm = None
 
     async def check(self, site: SiteKey) -> SiteHealth:
@@ -246,7 +235,6 @@ class InMemorySites:
 
     async def destroy(self, site: SiteKey) -> None:
         self._check_reachable(site)
-        self.calls.append(("destroy", site))
         self.sites.pop(site, None)
 
     # -- CellDatabases --------------------------------------------------------------------
@@ -320,9 +308,8 @@ class InMemorySites:
         if site.region in self.lost_regions:
             raise SiteError(f"{site.name}: region {site.region} does not answer")
 
-    def _reach(self, site: SiteKey, call: str, *, create: bool = False) -> FakeSite:
+    def _reach(self, site: SiteKey, *, create: bool = False) -> FakeSite:
         self._check_reachable(site)
-        self.calls.append((call, site))
         if create:
             return self.sites.setdefault(site, FakeSite(site))
         return self._site(site)
