@@ -63,6 +63,7 @@ from cellplane_operator.localplane import LocalControlPlane, ManagedProcess, Pos
 from cellplane_operator.localplane.controlplane import LocalPlaneConfig
 from cellplane_operator.ownership import LeaseHolder, OwnershipTable
 from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
+from cellplane_operator.sites.celldb import PostgresCellDatabases
 from cellplane_operator.ownership.holder import HolderIdentity
 from cellplane_operator.store import Compare, Delete, EtcdStore, Put, VersionedValue, WatchEvent
 from procstat import machine_busy_seconds, process_cpu_seconds, tree_cpu_seconds
@@ -261,7 +262,7 @@ class ReportingGrant:
 
     def __init__(self, cell: str, conninfo: str) -> None:
         self._cell = cell
-        self._grant = CellDatabaseGrant(conninfo)
+        self._grant = CellDatabaseGrant(PostgresCellDatabases(), conninfo)
 
     async def start_acting(self, epoch: int, remaining_seconds: float) -> None:
         await self._grant.start_acting(epoch, remaining_seconds)
@@ -471,7 +472,7 @@ class FirstWriteActor:
 
     def __init__(self, conninfo: str) -> None:
         self._conninfo = conninfo
-        self._grant = CellDatabaseGrant(conninfo)
+        self._grant = CellDatabaseGrant(PostgresCellDatabases(), conninfo)
         self.epoch: int | None = None
         self.acting_at: float | None = None
         self.granted_at: float | None = None

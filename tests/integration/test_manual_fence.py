@@ -35,6 +35,7 @@ from cellplane_operator.domain.fencing import FENCED, ManualFence
 from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
+from cellplane_operator.sites.celldb import PostgresCellDatabases
 from cellplane_operator.ownership.table import GroupView, OwnershipTable
 from regionplane import (
     RegionPlane,
@@ -429,7 +430,8 @@ def test_a_renewal_that_read_no_fence_cannot_land_after_the_fence(cell_db: str) 
     async def run() -> CellDatabaseGrant:
         async with HoldingProxy(fields["host"], int(fields["port"])) as proxy:
             via = cell_db.replace(f"port={fields['port']}", f"port={proxy.port}")
-            grant = CellDatabaseGrant(via, timeout_seconds=30, fence=lambda: standing[0])
+            databases = PostgresCellDatabases(timeout_seconds=30)
+            grant = CellDatabaseGrant(databases, via, fence=lambda: standing[0])
             proxy.hold = True
             renewal = asyncio.create_task(grant.renew_grant(1, 3600))
             await proxy.held.wait()
@@ -446,8 +448,7 @@ def test_a_renewal_that_read_no_fence_cannot_land_after_the_fence(cell_db: str) 
             assert not writable(cell_db)
             more = [asyncio.create_task(grant.renew_grant(1, 3600)) for _ in range(5)]
             await asyncio.gather(*more)
-            assert grant._conn is not None
-            await grant._conn.close()
+            await databases.close()
             return grant
 
     grant = asyncio.run(run())
@@ -458,10 +459,10 @@ def test_a_renewal_that_read_no_fence_cannot_land_after_the_fence(cell_db: str) 
     standing[0] = None
 
     async def lift() -> CellDatabaseGrant:
-        direct = CellDatabaseGrant(cell_db, fence=lambda: standing[0])
+        databases = PostgresCellDatabases()
+        direct = CellDatabaseGrant(databases, cell_db, fence=lambda: standing[0])
         await direct.renew_grant(1, 3600)
-        assert direct._conn is not None
-        await direct._conn.close()
+        await databases.close()
         return direct
 
     assert asyncio.run(lift()).fenced_by is None and writable(cell_db)

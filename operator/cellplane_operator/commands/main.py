@@ -426,6 +426,7 @@ def _run_hold(args: argparse.Namespace) -> int:
     from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
     from cellplane_operator.ownership.holder import HolderIdentity
     from cellplane_operator.ownership.reporting import ReportingActor
+    from cellplane_operator.sites.celldb import PostgresCellDatabases
     from cellplane_operator.store import EtcdStore
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -442,7 +443,8 @@ def _run_hold(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         timeout = min(args.etcd_timeout_seconds, settings.renew_interval_seconds)
         store = EtcdStore(args.etcd.split(","), timeout=timeout, attempt_timeout=timeout / 2)
-        actor = ReportingActor(CellDatabaseGrant(args.database) if args.database else None)
+        actor = ReportingActor(CellDatabaseGrant(PostgresCellDatabases(), args.database)
+                               if args.database else None)
         holder = LeaseHolder(OwnershipTable(store), HolderIdentity(args.cell, args.region, args.site),
                              actor, settings=settings, clock=SystemClock(),
                              takeover_delay_seconds=args.takeover_delay_seconds)

@@ -16,7 +16,8 @@ from cellplane_operator.kube.base import KubeApi
 from cellplane_operator.runtime.cache import ObjectCache
 from cellplane_operator.runtime.kubewrites import EventSender
 from cellplane_operator.settings import OperatorSettings
-from cellplane_operator.sites.base import SiteDriver
+from cellplane_operator.sites.base import CellDatabases, SiteDriver
+from cellplane_operator.sites.celldb import PostgresCellDatabases
 from cellplane_operator.sites.reports import SiteReports
 from cellplane_operator.store import KeyValueStore
 
@@ -38,6 +39,8 @@ class RegionContext:
     cells: CellAdmin
     cache: ObjectCache
     reports: SiteReports
+    databases: CellDatabases = field(default_factory=PostgresCellDatabases)
+    """What the operator runs in cells' databases itself: grants, a standby's replay."""
     _admin_tokens: dict[str, str] = field(default_factory=dict)
     _events: EventSender | None = None
 

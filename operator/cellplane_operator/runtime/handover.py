@@ -19,13 +19,9 @@ measures it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Protocol
 
-import psycopg
-
-from cellplane_operator.clock import MonotonicClock
 from cellplane_operator.domain.failover import SWITCHOVER_TO, Handover
 from cellplane_operator.domain.ownership import database_grant
 from cellplane_operator.domain.switchover import (
@@ -37,7 +33,7 @@ from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
 from cellplane_operator.ownership.table import GroupView
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.specs import CellSettings
-from cellplane_operator.sites.base import DatabaseEndpoint, SiteKey
+from cellplane_operator.sites.base import SiteKey
 from cellplane_operator.sites.reports import SiteReport
 
 __all__ = ["PlannedHandover", "HandingSite", "CATCH_UP_TIMEOUT_SECONDS"]
@@ -46,7 +42,6 @@ log = logging.getLogger(__name__)
 
 CATCH_UP_TIMEOUT_SECONDS = 10.0
 """How long writes may stay stopped while the standby replays the last WAL; then abort."""
-_REPLAYED_SQL = b"SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
 
 
 class HandingSite(Protocol):
@@ -98,8 +93,8 @@ class PlannedHandover:
             await runner.grant.stop_acting(epoch, f"planned switchover to {target}")
             caught_up_lsn = await ctx.driver.demote_for_handover(runner.site)
             stopped = clock.monotonic()
-            if not await _replayed(report.database, caught_up_lsn, CATCH_UP_TIMEOUT_SECONDS,
-                                   clock=clock):
+            if not await ctx.databases.replayed(report.database.conninfo, caught_up_lsn,
+                                                timeout_seconds=CATCH_UP_TIMEOUT_SECONDS):
                 await self._abort(epoch, target, caught_up_lsn)
                 return
             caught_up = clock.monotonic()
@@ -152,19 +147,3 @@ def _standby(report: SiteReport | None) -> TargetStandby | None:
                          has_database=report.database is not None, streaming=report.streaming,
                          lag_seconds=report.lag_seconds, message=report.message)
 
-
-async def _replayed(database: DatabaseEndpoint, lsn: str, timeout: float, *,
-                    clock: MonotonicClock) -> bool:
-    """Polls the standby until its replay reaches ``lsn`` (every 20 ms: this is the pause)."""
-    deadline = clock.monotonic() + timeout
-    try:
-        async with await psycopg.AsyncConnection.connect(database.conninfo, autocommit=True,
-                                                         connect_timeout=2) as conn:
-            while clock.monotonic() < deadline:
-                row = await (await conn.execute(_REPLAYED_SQL, (lsn,))).fetchone()
-                if row is not None and row[0]:
-                    return True
-                await asyncio.sleep(0.02)
-    except psycopg.Error as error:
-        log.warning("could not follow the standby's replay: %s", error)
-    return False

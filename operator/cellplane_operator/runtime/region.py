@@ -30,6 +30,7 @@ from cellplane_operator.runtime.specs import CellSettings
 from cellplane_operator.runtime.tenants import TenantController
 from cellplane_operator.settings import OperatorSettings
 from cellplane_operator.sites.base import SiteDriver
+from cellplane_operator.sites.celldb import PostgresCellDatabases
 from cellplane_operator.sites.reports import SiteReports
 from cellplane_operator.store import EtcdStore
 
@@ -61,7 +62,7 @@ class RegionRuntime:
         self.ctx = RegionContext(
             settings=settings, store=store, kube=kube,
             driver=self._driver, clock=clock, cells=CellAdminClient(), cache=cache,
-            reports=SiteReports(store))
+            reports=SiteReports(store), databases=PostgresCellDatabases())
         member = settings.member or f"{settings.region}-{os.getpid()}"
         leadership = Leadership(store, region=settings.region, member=member,
                                 settings=settings.election, clock=clock)

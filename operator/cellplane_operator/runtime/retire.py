@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cellplane_operator.api.v1alpha1 import CellReconciliation, CellStatus
 from cellplane_operator.domain.reconciliation import ReconciliationReport
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import CELLS
@@ -93,26 +94,26 @@ class OldPrimaryRetirement:
         return report
 
     async def _record(self, body: dict[str, Any], report: ReconciliationReport, name: str) -> None:
-        summary = report.summary()
-        status = {
-            "epoch": report.epoch, "report": name, "jobs": summary["jobs"],
-            "jobUpdates": summary["jobUpdates"], "ledgerEntries": summary["ledgerEntries"],
-            "outboxEvents": summary["outboxEvents"], "tenants": summary["tenantsAffected"],
-            "lostWalBytes": summary["lostWalBytes"],
-            "lossWindowSeconds": summary["lossWindowSeconds"],
-            "createdAt": report.created_at.astimezone(datetime.timezone.utc).strftime(
-                "%Y-%m-%dT%H:%M:%SZ")}
+        counts = report.counts()
+        recorded = CellReconciliation(
+            epoch=report.epoch, report=name, jobs=counts.jobs, job_updates=counts.job_updates,
+            ledger_entries=counts.ledger_entries, outbox_events=counts.outbox_events,
+            tenants=counts.tenants, lost_wal_bytes=report.lost_wal_bytes,
+            loss_window_seconds=report.loss_window_seconds(),
+            created_at=report.created_at.astimezone(datetime.timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"))
+        status = CellStatus(last_reconciliation=recorded)
         # A failure here ends the pass before the rebuild; the next pass records it again.
-        await self._ctx.kube.patch(CELLS, self._site.cell,
-                                   {"status": {"lastReconciliation": status}},
-                                   subresource="status")
-        lost = summary["jobs"] + summary["jobUpdates"] + summary["ledgerEntries"] \
-            + summary["outboxEvents"]
+        await self._ctx.kube.patch(
+            CELLS, self._site.cell,
+            {"status": status.model_dump(mode="json", by_alias=True, exclude_unset=True)},
+            subresource="status")
+        lost = counts.jobs + counts.job_updates + counts.ledger_entries + counts.outbox_events
         if lost:
-            message = (f"the old primary {report.old_site} had {summary['jobs']} job(s), "
-                       f"{summary['jobUpdates']} job update(s), {summary['ledgerEntries']} "
-                       f"ledger entr(ies) and {summary['outboxEvents']} event(s) of "
-                       f"{summary['tenantsAffected']} tenant(s) that {report.new_site} lacks; "
+            message = (f"the old primary {report.old_site} had {counts.jobs} job(s), "
+                       f"{counts.job_updates} job update(s), {counts.ledger_entries} "
+                       f"ledger entr(ies) and {counts.outbox_events} event(s) of "
+                       f"{counts.tenants} tenant(s) that {report.new_site} lacks; "
                        f"`cellplane report {self._site.cell}` prints them (ConfigMap {name})")
         else:
             message = (f"the old primary {report.old_site} had nothing that {report.new_site} "

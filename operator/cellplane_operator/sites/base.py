@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = ["SiteKey", "ServingSpec", "DatabaseEndpoint", "SiteEndpoints", "SiteHealth",
-           "SiteDriver"]
+           "SiteDriver", "CellDatabases"]
 
 
 @dataclass(frozen=True)
@@ -156,3 +156,21 @@ class SiteDriver(Protocol):
 
     async def destroy(self, site: SiteKey) -> None:
         """Stops every process of the site and removes its data."""
+
+
+class CellDatabases(Protocol):
+    """What the operator itself runs in a cell's databases, by their libpq conninfo
+    (``DatabaseEndpoint.conninfo``): apart from
+    the driver, since a standby in another region is reached the same way whatever runs it
+    (``sites/celldb.py`` on Postgres; the in-memory sites in ``sites/memory.py``)."""
+
+    async def grant(self, conninfo: str, epoch: int, seconds: float,
+                    fence_reason: str | None) -> None:
+        """The database's side of the lease (``cellplane_grant``): it accepts writes under
+        ``epoch`` for ``seconds`` more by its own clock, and refuses a lower epoch. Zero
+        ``seconds`` ends its writes now; ``fence_reason`` is the refusal it then gives
+        (a fence a person put on). Raises ``SiteError`` when it did not take the grant."""
+
+    async def replayed(self, standby: str, lsn: str, *, timeout_seconds: float) -> bool:
+        """Waits until the ``standby`` database has replayed the WAL up to ``lsn``: False
+        when it has not within ``timeout_seconds``, or cannot be reached."""

@@ -11,10 +11,11 @@ from __future__ import annotations
 import psycopg
 
 from cellplane_operator.ownership.cell_grant import CellDatabaseGrant
+from cellplane_operator.sites.celldb import PostgresCellDatabases
 
 
 async def test_a_grant_reconnects_when_its_kept_connection_was_terminated(cell_db: str) -> None:
-    grant = CellDatabaseGrant(cell_db)
+    grant = CellDatabaseGrant(PostgresCellDatabases(), cell_db)
     await grant.start_acting(2, 30.0)
     with psycopg.connect(cell_db, autocommit=True) as conn:
         ended = conn.execute(
@@ -39,7 +40,7 @@ async def test_a_grant_to_a_cell_database_without_migration_0007_still_lands(cel
                        lease_deadline = clock_timestamp() + remaining
                  WHERE epoch <= new_epoch RETURNING lease_deadline
             $$""")
-    grant = CellDatabaseGrant(cell_db)
+    grant = CellDatabaseGrant(PostgresCellDatabases(), cell_db)
     await grant.start_acting(4, 30.0)
     await grant.renew_grant(4, 30.0)
     with psycopg.connect(cell_db, autocommit=True) as conn:
@@ -52,7 +53,7 @@ async def test_a_stop_after_the_deadline_keeps_the_deadline_that_was_in_force(ce
     """An owner paused past its lease self-fences when it resumes: its zero grant must not
     move the old primary's deadline to that moment, which the reconciliation report reads
     as the deadline in force (issue #18 item 15)."""
-    grant = CellDatabaseGrant(cell_db)
+    grant = CellDatabaseGrant(PostgresCellDatabases(), cell_db)
     await grant.start_acting(2, 0.2)
     with psycopg.connect(cell_db, autocommit=True) as conn:
         [(in_force,)] = conn.execute("SELECT lease_deadline FROM placement_group").fetchall()
