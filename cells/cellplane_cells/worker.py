@@ -26,13 +26,15 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cellplane_cells import jobqueue, moves
+from cellplane_cells import jobqueue, moves, target_limits
 from cellplane_cells.db import ThreadedDatabase
+from cellplane_cells.domain.aimd import AimdPolicy
+from cellplane_cells.domain.breaker import BreakerPolicy
 from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_seconds
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
-from cellplane_cells.metrics import CLAIMS, STEP_CALLS
+from cellplane_cells.metrics import CLAIMS, STEP_CALLS, TARGET_DEFERRALS
 from cellplane_cells.queries import query
 
 __all__ = ["WorkerConfig", "Worker", "EPOCH_HEADER", "COST_HEADER"]
@@ -68,6 +70,11 @@ class WorkerConfig:
     """Interval of the sweep that purges moved-out tenants past their retention."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff of failed steps."""
+    target_limits: AimdPolicy = field(default_factory=AimdPolicy)
+    """How each target's concurrency limit moves with its answers (every worker of a cell
+    must be given the same)."""
+    target_breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    """When a target's circuit breaker opens, how long it cools down, how fast it ramps up."""
 
 
 @dataclass
@@ -252,27 +259,34 @@ class Worker:
                 TIMESTAMP_HEADER: str(timestamp),
                 SIGNATURE_HEADER: sign(secret, body, timestamp=timestamp),
             }
+            slot = await self._take_slot(job)
+            if slot is None:
+                return      # deferred (not an attempt), or the claim is gone
             started = time.monotonic()
-            status: int | None = None
-            retry_after: float | None = None
             try:
                 running.call_sent = True
                 response = await self._http.post(url, content=body, headers=headers,
                                                  timeout=self._config.call_timeout_seconds)
-                status = response.status_code
-                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
             except EgressRefused as refused:
                 # The URL policy refused the target's address (a row that came by import
                 # or a move, a tightened policy, a name that resolves elsewhere now):
                 # nothing was sent, and asking again would be refused again.
+                await self._give_back(job, slot, None)
                 STEP_CALLS.labels("refused").observe(time.monotonic() - started)
                 await self._db(jobqueue.release, job, permanent=True, delay_seconds=0,
                                error=f"step {step.step}: {refused}", error_code="target_refused")
                 return
             except httpx.HTTPError as error:
-                STEP_CALLS.labels("error").observe(time.monotonic() - started)
+                timed_out = isinstance(error, httpx.TimeoutException)
+                await self._give_back(job, slot, target_limits.Answer(None, timed_out=timed_out))
+                STEP_CALLS.labels("timeout" if timed_out else "error").observe(
+                    time.monotonic() - started)
                 await self._fail(job, None, f"step {step.step}: {type(error).__name__}: {error}", None)
                 return
+            status = response.status_code
+            retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+            await self._give_back(job, slot, target_limits.Answer(status,
+                                                                  retry_after_seconds=retry_after))
             STEP_CALLS.labels(str(status)).observe(time.monotonic() - started)
             if not 200 <= status < 300:
                 await self._fail(job, status, f"step {step.step}: target answered {status}",
@@ -286,6 +300,31 @@ class Worker:
                 return
             previous = result
         await self._db(jobqueue.complete, job, cost=cost)
+
+    async def _take_slot(self, job: jobqueue.ClaimedJob) -> target_limits.Slot | None:
+        """A slot on the job's target; None when the job was deferred instead (or is gone)."""
+        try:
+            taken = await self._db(target_limits.take_slot, job,
+                                   policy=self._config.target_limits,
+                                   breaker_policy=self._config.target_breaker,
+                                   busy_wait_scale=0.5 + self._rng.random())
+        except target_limits.UnknownTarget as unknown:
+            await self._db(jobqueue.release, job, permanent=True, delay_seconds=0,
+                           error=str(unknown), error_code="target_unknown")
+            return None
+        if isinstance(taken, target_limits.Deferred):
+            if taken.until is not None:
+                TARGET_DEFERRALS.labels(taken.reason.value).inc()
+                log.debug("job %s deferred until %s: target %s %s", job.job_id, taken.until,
+                          job.target, taken.reason.value)
+            return None
+        return taken
+
+    async def _give_back(self, job: jobqueue.ClaimedJob, slot: target_limits.Slot,
+                         answer: target_limits.Answer | None) -> None:
+        await self._db(target_limits.give_back, job, slot, answer,
+                       policy=self._config.target_limits,
+                       breaker_policy=self._config.target_breaker)
 
     async def _fail(self, job: jobqueue.ClaimedJob, status: int | None, error: str,
                     retry_after: float | None) -> None:

@@ -1,0 +1,160 @@
+"""A job's slot on its target, taken before a call and given back after it, in the cell's Postgres.
+
+Every worker process of the cell shares one limit, one hold and one breaker
+per target (``target_limits``) and one count of calls in flight
+(``target_calls``); the decisions are ``domain/aimd.py``'s, made under the
+target's row lock with the database's ``now()``.
+
+``take_slot`` either takes a slot or sends the job back to the queue until
+the target can take it (``sql/targets.sql``'s ``defer_job``: not an attempt),
+in one transaction. ``give_back`` records the call's outcome (the limit, the
+hold, the breaker) and frees the slot, in one transaction. A worker that dies
+between the two leaks nothing: its job is reaped with a new claim epoch, and
+a slot counts only under the claim that took it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from cellplane_cells.db import translate_errors
+from cellplane_cells.domain import aimd
+from cellplane_cells.domain import breaker as breakers
+from cellplane_cells.domain.aimd import AimdPolicy, Admission, DeferReason, TargetLimit
+from cellplane_cells.domain.breaker import Breaker, BreakerPolicy, BreakerState
+from cellplane_cells.jobqueue import ClaimedJob
+from cellplane_cells.queries import query
+
+__all__ = ["Slot", "Deferred", "Answer", "take_slot", "give_back", "UnknownTarget"]
+
+
+class UnknownTarget(LookupError):
+    """The job's target is not registered (any more): no limit row can exist for it."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    started_at: datetime.datetime
+    """When the call started, by the database's clock."""
+
+
+@dataclass(frozen=True)
+class Deferred:
+    reason: DeferReason
+    until: datetime.datetime | None
+    """When the job is claimable again; None if the claim was lost meanwhile (nothing deferred)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a call got: a status, or none (``timed_out`` says whether its timeout ran out)."""
+    status_code: int | None
+    timed_out: bool = False
+    retry_after_seconds: float | None = None
+
+
+def _limit_of(row: dict[str, Any]) -> TargetLimit:
+    return TargetLimit(limit=float(row["concurrency_limit"]),
+                       max_concurrency=int(row["max_concurrency"]),
+                       decreased_at=row["decreased_at"], hold_until=row["hold_until"])
+
+
+def _breaker_of(row: dict[str, Any]) -> Breaker:
+    return Breaker(BreakerState(row["breaker"]), failures=int(row["failures"]),
+                   open_until=row["open_until"], allowance=int(row["ramp_allowance"]))
+
+
+def _key(job: ClaimedJob) -> dict[str, Any]:
+    return {"tenant_id": job.tenant_id, "target": job.target}
+
+
+def _lock(cursor: psycopg.Cursor[Any], job: ClaimedJob) -> dict[str, Any] | None:
+    row: dict[str, Any] | None = cursor.execute(query("lock_target_limit"), _key(job)).fetchone()
+    return row
+
+
+def _save(cursor: psycopg.Cursor[Any], job: ClaimedJob, limit: TargetLimit,
+          breaker: Breaker) -> None:
+    cursor.execute(query("save_target_limit"), {
+        **_key(job), "limit": limit.limit, "decreased_at": limit.decreased_at,
+        "hold_until": limit.hold_until, "breaker": breaker.state.value,
+        "failures": breaker.failures, "open_until": breaker.open_until,
+        "allowance": breaker.allowance,
+    })
+
+
+def take_slot(conn: psycopg.Connection[Any], job: ClaimedJob, *, policy: AimdPolicy,
+              breaker_policy: BreakerPolicy, busy_wait_scale: float = 1.0) -> Slot | Deferred:
+    """A slot on the job's target, or the job deferred. ``busy_wait_scale`` stretches a
+    limit wait (the worker's jitter, so jobs turned away together come back apart)."""
+    with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
+        cursor.execute(query("ensure_target_limit"), {
+            **_key(job), "initial": policy.initial,
+            "max_concurrency": max(1, math.floor(policy.ceiling))})
+        row = _lock(cursor, job)
+        if row is None:
+            raise UnknownTarget(f"target {job.target!r} of tenant {job.tenant_id} is not registered")
+        counted = cursor.execute(query("target_calls_in_flight"), _key(job)).fetchone()
+        assert counted is not None
+        before = _breaker_of(row)
+        admission = aimd.admit(_limit_of(row), before, in_flight=int(counted["in_flight"]),
+                               now=row["now"], policy=policy, breaker_policy=breaker_policy)
+        if admission.breaker != before:
+            _save(cursor, job, _limit_of(row), admission.breaker)
+        if admission.admitted:
+            cursor.execute(query("sweep_target_calls"), _key(job))
+            taken = cursor.execute(query("take_target_call"), {
+                "job_id": job.job_id, "claim_epoch": job.claim_epoch}).fetchone()
+            if taken is None:
+                # The claim was lost meanwhile: nothing to call, nothing to defer.
+                return Deferred(DeferReason.LIMIT, None)
+            return Slot(taken["started_at"])
+        return _defer(cursor, job, admission, now=row["now"], busy_wait_scale=busy_wait_scale)
+
+
+def _defer(cursor: psycopg.Cursor[Any], job: ClaimedJob, admission: Admission, *,
+           now: datetime.datetime, busy_wait_scale: float) -> Deferred:
+    assert admission.defer is not None
+    until = admission.until
+    if admission.defer is DeferReason.LIMIT and until is not None:
+        until = now + (until - now) * busy_wait_scale
+    deferred = cursor.execute(query("defer_job"), {
+        "job_id": job.job_id, "claim_epoch": job.claim_epoch, "until": until}).fetchall()
+    return Deferred(admission.defer, until if deferred else None)
+
+
+def give_back(conn: psycopg.Connection[Any], job: ClaimedJob, slot: Slot,
+              answer: Answer | None, *, policy: AimdPolicy,
+              breaker_policy: BreakerPolicy) -> TargetLimit | None:
+    """Frees the job's slot; with an ``answer``, first applies it to the target's limit,
+    hold and breaker (None: nothing was sent, nothing learnt). Returns the target's limit
+    as it now stands (None if the target's row is gone)."""
+    with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
+        row = _lock(cursor, job)
+        cursor.execute(query("give_back_target_call"),
+                       {"job_id": job.job_id, "claim_epoch": job.claim_epoch})
+        if row is None:
+            return None
+        limit = _limit_of(row)
+        if answer is None:
+            return limit
+        now = row["now"]
+        signal = aimd.signal_of(answer.status_code, timed_out=answer.timed_out)
+        after = aimd.on_outcome(limit, signal, call_started_at=slot.started_at, now=now,
+                                policy=policy, status_code=answer.status_code,
+                                retry_after_seconds=answer.retry_after_seconds)
+        before = _breaker_of(row)
+        if breakers.is_failure(answer.status_code):
+            state = breakers.on_failure(before, now=now, policy=breaker_policy)
+        else:
+            state = breakers.on_success(before, now=now, max_concurrency=limit.max_concurrency,
+                                        policy=breaker_policy)
+        if after != limit or state != before:
+            _save(cursor, job, after, state)
+        return after
