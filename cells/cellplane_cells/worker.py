@@ -9,6 +9,11 @@ refuses as stale or past its lease stops claiming altogether. A job whose
 tenant is frozen for a move (or moved out) is refused by the database per
 tenant: the worker drops that job as if its claim were lost and keeps running.
 The reaper's loop also purges moved-out tenants whose retention has passed.
+
+Each step's call takes a slot on its target first (``target_limits.py``): the
+target's AIMD limit, Retry-After hold and breaker are shared by every worker of
+the cell. A job that may not call its target now goes back to the queue
+without spending an attempt, and the call's answer moves the limit.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import psycopg
 from starlette.responses import JSONResponse, Response
 
 from cellfixtures import enqueue, fetch, setup_tenant, write
+from cellplane_cells import jobqueue, target_limits
 from cellplane_cells.db import open_pool
 from cellplane_cells.domain.aimd import AimdPolicy
 from cellplane_cells.domain.breaker import BreakerPolicy
@@ -212,3 +213,34 @@ def test_two_worker_processes_share_one_limit(cell_db: str, tmp_path: Path) -> N
     assert {row[0] for row in fetch(cell_db, "SELECT claimed_by FROM jobs")} == {"w1", "w2"}
     assert fetch(cell_db, "SELECT count(*) FROM target_calls c JOIN jobs j USING (job_id)"
                           " WHERE j.status = 'running'") == [(0,)]
+
+
+def test_a_reaped_job_frees_its_slot_and_a_deferral_gives_its_attempt_back(cell_db: str) -> None:
+    policy = AimdPolicy(initial=1.0, floor=1.0, ceiling=1.0)
+    setup_tenant(cell_db, "acme", target_url="http://127.0.0.1:9/run")
+    with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+        enqueue(conn, "acme", 2)
+        first = jobqueue.claim(conn, worker="doomed", batch=1, lease_seconds=0.2)[0]
+        slot = target_limits.take_slot(conn, first, policy=policy, breaker_policy=NO_BREAKER)
+        assert isinstance(slot, target_limits.Slot)
+
+        # The only slot is out: the second job is deferred, and its claim is not an attempt.
+        second = jobqueue.claim(conn, worker="w2", batch=1, lease_seconds=30)[0]
+        assert second.attempts == 1
+        turned_away = target_limits.take_slot(conn, second, policy=policy,
+                                              breaker_policy=NO_BREAKER)
+        assert isinstance(turned_away, target_limits.Deferred)
+        assert turned_away.reason.value == "limit" and turned_away.until is not None
+        assert fetch(cell_db, "SELECT status, attempts, started_at FROM jobs WHERE job_id = %s",
+                     second.job_id) == [("queued", 0, None)]
+        assert fetch(cell_db, "SELECT running FROM tenants") == [(1,)]
+
+        # The worker holding the slot dies; once its claim is reaped, the slot is free.
+        wait_for(lambda: bool(jobqueue.reap(conn)), timeout=10, what="the lease to run out")
+        write(cell_db, "UPDATE jobs SET run_after = now()")
+        again = jobqueue.claim(conn, worker="w2", batch=1, lease_seconds=30)[0]
+        assert isinstance(target_limits.take_slot(conn, again, policy=policy,
+                                                  breaker_policy=NO_BREAKER),
+                          target_limits.Slot)
+    # The dead worker's row was swept when the slot was taken again.
+    assert fetch(cell_db, "SELECT count(*) FROM target_calls") == [(1,)]
