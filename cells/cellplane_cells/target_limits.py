@@ -47,8 +47,8 @@ class Slot:
 @dataclass(frozen=True)
 class Deferred:
     reason: DeferReason
-    until: datetime.datetime | None
-    """When the job is claimable again; None if the claim was lost meanwhile (nothing deferred)."""
+    until: datetime.datetime
+    """When the job is claimable again."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,11 @@ def _save(cursor: psycopg.Cursor[Any], job: ClaimedJob, limit: TargetLimit,
 
 
 def take_slot(conn: psycopg.Connection[Any], job: ClaimedJob, *, policy: AimdPolicy,
-              breaker_policy: BreakerPolicy, busy_wait_scale: float = 1.0) -> Slot | Deferred:
-    """A slot on the job's target, or the job deferred. ``busy_wait_scale`` stretches a
-    limit wait (the worker's jitter, so jobs turned away together come back apart)."""
+              breaker_policy: BreakerPolicy, busy_wait_scale: float = 1.0
+              ) -> Slot | Deferred | None:
+    """A slot on the job's target, or the job deferred; None if the claim is no longer the
+    caller's. ``busy_wait_scale`` stretches a limit wait (the worker's jitter, so jobs
+    turned away together come back apart)."""
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
         cursor.execute(query("ensure_target_limit"), {
             **_key(job), "initial": policy.initial,
@@ -112,21 +114,20 @@ def take_slot(conn: psycopg.Connection[Any], job: ClaimedJob, *, policy: AimdPol
             taken = cursor.execute(query("take_target_call"), {
                 "job_id": job.job_id, "claim_epoch": job.claim_epoch}).fetchone()
             if taken is None:
-                # The claim was lost meanwhile: nothing to call, nothing to defer.
-                return Deferred(DeferReason.LIMIT, None)
+                return None     # the claim was lost meanwhile: nothing to call or defer
             return Slot(taken["started_at"])
         return _defer(cursor, job, admission, now=row["now"], busy_wait_scale=busy_wait_scale)
 
 
 def _defer(cursor: psycopg.Cursor[Any], job: ClaimedJob, admission: Admission, *,
-           now: datetime.datetime, busy_wait_scale: float) -> Deferred:
-    assert admission.defer is not None
+           now: datetime.datetime, busy_wait_scale: float) -> Deferred | None:
+    assert admission.defer is not None and admission.until is not None
     until = admission.until
-    if admission.defer is DeferReason.LIMIT and until is not None:
+    if admission.defer is DeferReason.LIMIT:
         until = now + (until - now) * busy_wait_scale
     deferred = cursor.execute(query("defer_job"), {
         "job_id": job.job_id, "claim_epoch": job.claim_epoch, "until": until}).fetchall()
-    return Deferred(admission.defer, until if deferred else None)
+    return Deferred(admission.defer, until) if deferred else None
 
 
 def give_back(conn: psycopg.Connection[Any], job: ClaimedJob, slot: Slot,
@@ -149,10 +150,12 @@ def give_back(conn: psycopg.Connection[Any], job: ClaimedJob, slot: Slot,
         after = aimd.on_outcome(limit, signal, call_started_at=slot.started_at, now=now,
                                 policy=policy, status_code=answer.status_code,
                                 retry_after_seconds=answer.retry_after_seconds)
-        before = _breaker_of(row)
-        if breakers.is_failure(answer.status_code):
+        before = state = _breaker_of(row)
+        failed = aimd.breaker_verdict(answer.status_code,
+                                      retry_after_seconds=answer.retry_after_seconds)
+        if failed is True:
             state = breakers.on_failure(before, now=now, policy=breaker_policy)
-        else:
+        elif failed is False:
             state = breakers.on_success(before, now=now, max_concurrency=limit.max_concurrency,
                                         policy=breaker_policy)
         if after != limit or state != before:

@@ -282,7 +282,9 @@ class Worker:
                                error=f"step {step.step}: {refused}", error_code="target_refused")
                 return
             except httpx.HTTPError as error:
-                timed_out = isinstance(error, httpx.TimeoutException)
+                # A pool timeout is this client's own queue, not the target's answer.
+                timed_out = isinstance(error, httpx.TimeoutException) \
+                    and not isinstance(error, httpx.PoolTimeout)
                 await self._give_back(job, slot, target_limits.Answer(None, timed_out=timed_out))
                 STEP_CALLS.labels("timeout" if timed_out else "error").observe(
                     time.monotonic() - started)
@@ -318,10 +320,9 @@ class Worker:
                            error=str(unknown), error_code="target_unknown")
             return None
         if isinstance(taken, target_limits.Deferred):
-            if taken.until is not None:
-                TARGET_DEFERRALS.labels(taken.reason.value).inc()
-                log.debug("job %s deferred until %s: target %s %s", job.job_id, taken.until,
-                          job.target, taken.reason.value)
+            TARGET_DEFERRALS.labels(taken.reason.value).inc()
+            log.debug("job %s deferred until %s: target %s %s", job.job_id, taken.until,
+                      job.target, taken.reason.value)
             return None
         return taken
 

@@ -14,6 +14,7 @@ from cellplane_cells.domain.aimd import (
     Signal,
     TargetLimit,
     admit,
+    breaker_verdict,
     on_outcome,
     signal_of,
     slots,
@@ -180,3 +181,15 @@ def test_the_limit_always_stays_between_floor_and_ceiling(
 def test_policies_that_make_no_sense_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         AimdPolicy(**kwargs)
+
+
+@pytest.mark.parametrize(("status", "retry_after", "verdict"), [
+    (200, None, False), (404, None, False),
+    (500, None, True), (None, None, True), (429, None, True), (503, None, True),
+    # Said when to come back: the hold covers it, the breaker does not count it.
+    (429, 5.0, None), (503, 0.0, None),
+    (500, 5.0, True),
+])
+def test_the_breaker_counts_failures_but_not_throttling_with_a_retry_after(
+        status: int | None, retry_after: float | None, verdict: bool | None) -> None:
+    assert breaker_verdict(status, retry_after_seconds=retry_after) is verdict

@@ -41,7 +41,7 @@ from cellplane_cells.domain.breaker import Breaker, BreakerPolicy, BreakerState
 
 __all__ = [
     "AimdPolicy", "TargetLimit", "Signal", "DeferReason", "Admission", "signal_of",
-    "on_outcome", "slots", "admit",
+    "on_outcome", "slots", "admit", "breaker_verdict",
 ]
 
 _OVERLOAD_STATUSES = frozenset({429, 503})
@@ -114,6 +114,17 @@ def signal_of(status_code: int | None, *, timed_out: bool = False) -> Signal:
     if status_code is not None and 200 <= status_code < 300:
         return Signal.SUCCESS
     return Signal.FAILURE
+
+
+def breaker_verdict(status_code: int | None, *, retry_after_seconds: float | None) -> bool | None:
+    """Is this answer a failure for the target's breaker (True), a success (False), or
+    neither (None)? A 429 or 503 that says when to come back is neither: the hold keeps
+    every job off the target exactly as long as it asked, and counting it as a failure
+    would let a throttling but healthy target open its breaker for a whole cool-down."""
+    if status_code in _HOLDING_STATUSES and retry_after_seconds is not None \
+            and not math.isnan(retry_after_seconds):
+        return None
+    return breakers.is_failure(status_code)
 
 
 def slots(state: TargetLimit, policy: AimdPolicy) -> int:

@@ -244,3 +244,48 @@ def test_a_reaped_job_frees_its_slot_and_a_deferral_gives_its_attempt_back(cell_
                           target_limits.Slot)
     # The dead worker's row was swept when the slot was taken again.
     assert fetch(cell_db, "SELECT count(*) FROM target_calls") == [(1,)]
+
+
+async def test_a_breaker_opened_by_one_worker_keeps_every_worker_off_the_target(
+        cell_db: str) -> None:
+    async def broken(call: Call) -> Response:
+        return JSONResponse({"error": "boom"}, status_code=500)
+
+    with RecordingServer(broken) as target:
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", max_running=20)
+        with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+            enqueue(conn, "acme", 10)
+        # One call at a time (a limit of 1), so the calls before the breaker opens are exactly
+        # its threshold; a cool-down far longer than the test.
+        policy = AimdPolicy(initial=1.0, floor=1.0, ceiling=1.0, busy_wait_seconds=0.05)
+        breaker = BreakerPolicy(failure_threshold=3, cool_down_seconds=600.0,
+                                max_cool_down_seconds=600.0)
+
+        def everyone_waits_for_the_cool_down() -> bool:
+            [(breaker_state, waiting_too_little)] = fetch(cell_db, """
+                SELECT l.breaker, (SELECT count(*) FROM jobs j
+                                    WHERE j.status = 'running' OR j.run_after < l.open_until)
+                  FROM target_limits l""") or [(None, 1)]
+            return breaker_state == "open" and waiting_too_little == 0
+
+        stop = asyncio.Event()
+        with open_pool(cell_db, epoch=1, max_size=4) as pool_a, \
+                open_pool(cell_db, epoch=1, max_size=4) as pool_b:
+            async with httpx.AsyncClient() as http:
+                workers = [Worker(pool, http, WorkerConfig(
+                    name, epoch=1, target_limits=policy, target_breaker=breaker,
+                    **FAST))  # type: ignore[arg-type]
+                    for name, pool in (("a", pool_a), ("b", pool_b))]
+                tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+                deadline = time.monotonic() + 60
+                while not everyone_waits_for_the_cool_down():
+                    assert time.monotonic() < deadline, "the breaker did not hold every job"
+                    await asyncio.sleep(0.05)
+                stop.set()
+                await asyncio.gather(*tasks)
+        calls = len(target.snapshot())
+
+    assert calls == 3
+    # The three calls were attempts; every other claim was a deferral, not one.
+    assert fetch(cell_db, "SELECT sum(attempts)::int, count(*) FILTER (WHERE status = 'dead')"
+                          " FROM jobs") == [(3, 0)]
