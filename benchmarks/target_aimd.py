@@ -14,8 +14,10 @@ Two variants, each on a fresh database with the same queue (``--jobs`` jobs,
 each with attempts enough never to go dead), run one real ``Worker`` with
 ``--slots`` slots for ``--seconds``:
 
-* ``AIMD``: the cell's target limits (``domain/aimd.py``) with the default
-  increase and decrease, starting at 10 and capped at the worker's slots;
+* ``AIMD, busy wait W s``: the cell's target limits (``domain/aimd.py``)
+  with the default increase and decrease, starting at 10 and capped at the
+  worker's slots; a job turned away by a full limit waits about W s
+  (``--busy-waits``: the policy's default, 1 s, and 0.2 s);
 * ``no AIMD (reference)``: the limit pinned at the worker's slots (floor =
   initial = ceiling), which is what a cell without target limits does: every
   free slot calls the target.
@@ -51,6 +53,7 @@ from cellplane_cells.domain.aimd import AimdPolicy
 from cellplane_cells.domain.breaker import BreakerPolicy
 from cellplane_cells.domain.plans import Plan
 from cellplane_cells.domain.retry import RetryPolicy
+from cellplane_cells.metrics import TARGET_DEFERRALS
 from cellplane_cells.migrate import migrate
 from cellplane_cells.tenants import TenantSpec, register_target, upsert_tenant
 from cellplane_cells.worker import Worker, WorkerConfig
@@ -150,6 +153,7 @@ class Result:
     most_in_flight: int
     limits: list[float]
     final_limit: float
+    deferrals: int
 
 
 def _progress(message: str) -> None:
@@ -192,6 +196,7 @@ async def run_variant(conninfo: str, variant: Variant, target: HiddenCapacity, *
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=slots * 2)) as http:
             worker = Worker(pool, http, config)
             base_accepted, base_refused = target.counts()
+            base_deferrals = _deferrals()
             target.most_in_flight = 0
             started = time.monotonic()
             task = asyncio.create_task(worker.run(stop))
@@ -201,12 +206,20 @@ async def run_variant(conninfo: str, variant: Variant, target: HiddenCapacity, *
                 if row is not None and row[0] is not None:
                     limits.append(float(row[0]))
             accepted, refused = target.counts()
+            deferred = _deferrals() - base_deferrals
             elapsed = time.monotonic() - started
             stop.set()
             await task
         row = sampler.execute(SUM_OF_LIMITS).fetchone()
     return Result(variant.name, elapsed, accepted - base_accepted, refused - base_refused,
-                  target.most_in_flight, limits, float(row[0]) if row else float("nan"))
+                  target.most_in_flight, limits, float(row[0]) if row else float("nan"),
+                  deferred)
+
+
+def _deferrals() -> int:
+    """Jobs sent back without an attempt, all reasons (this process's counter)."""
+    return int(sum(TARGET_DEFERRALS.labels(reason)._value.get()
+                   for reason in ("held", "open", "limit")))
 
 
 def print_table(results: list[Result], args: argparse.Namespace) -> None:
@@ -217,13 +230,14 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
              "so it has one limit per tenant, shown added up." if args.tenants > 1 else "")
           + "\n")
     print("| variant | calls accepted/s | 503s | 503s per accepted call | most calls at once "
-          "| limits at the end (sum) | limits, mean over the last half (sum) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| limits at the end (sum) | limits, mean over the last half (sum) | deferrals/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         tail = r.limits[len(r.limits) // 2:] or [float("nan")]
         print(f"| {r.name} | {r.accepted / r.seconds:,.0f} | {r.refused:,} "
               f"| {r.refused / max(r.accepted, 1):.2f} | {r.most_in_flight} "
-              f"| {r.final_limit:.1f} | {statistics.fmean(tail):.1f} |")
+              f"| {r.final_limit:.1f} | {statistics.fmean(tail):.1f} "
+              f"| {r.deferrals / r.seconds:,.0f} |")
     ideal = args.capacity / (args.service_ms / 1000)
     print(f"\nThe target's own ceiling is {ideal:,.0f} calls/s ({args.capacity} at once, "
           f"{args.service_ms:g} ms each).")
@@ -237,6 +251,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--tenants", type=int, default=1)
+    parser.add_argument("--busy-waits", default=f"{AimdPolicy().busy_wait_seconds:g},0.2",
+                        type=lambda text: [float(w) for w in text.split(",") if w.strip()],
+                        help="how long a job turned away by a full limit waits, one AIMD "
+                             "variant each (the policy's default first)")
     return parser.parse_args()
 
 
@@ -244,8 +262,10 @@ def main() -> None:
     args = parse_args()
     slots = float(args.slots)
     variants = [
-        Variant("AIMD", AimdPolicy(initial=min(10.0, slots), ceiling=slots,
-                                   busy_wait_seconds=0.2)),
+        Variant(f"AIMD, busy wait {wait:g} s", AimdPolicy(initial=min(10.0, slots),
+                                                         ceiling=slots, busy_wait_seconds=wait))
+        for wait in args.busy_waits
+    ] + [
         Variant("no AIMD (reference)", AimdPolicy(initial=slots, floor=slots, ceiling=slots,
                                                   busy_wait_seconds=0.2)),
     ]

@@ -8,7 +8,10 @@ target's row lock with the database's ``now()``.
 ``take_slot`` either takes a slot or sends the job back to the queue until
 the target can take it (``sql/targets.sql``'s ``defer_job``: not an attempt),
 in one transaction. ``give_back`` records the call's outcome (the limit, the
-hold, the breaker) and frees the slot, in one transaction. A worker that dies
+hold, the breaker) and frees the slot, in one transaction; when the answer
+closes the target (a Retry-After hold, the breaker opening), every queued job
+of the target is pushed back to the end in the same statement, so none is
+claimed only to be turned away. A worker that dies
 between the two leaks nothing: its job is reaped with a new claim epoch, and
 a slot counts only under the claim that took it.
 """
@@ -96,10 +99,13 @@ def take_slot(conn: psycopg.Connection[Any], job: ClaimedJob, *, policy: AimdPol
     caller's. ``busy_wait_scale`` stretches a limit wait (the worker's jitter, so jobs
     turned away together come back apart)."""
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
-        cursor.execute(query("ensure_target_limit"), {
-            **_key(job), "initial": policy.initial,
-            "max_concurrency": max(1, math.floor(policy.ceiling))})
         row = _lock(cursor, job)
+        if row is None:
+            # The target's first call in this cell: its row, from the policy.
+            cursor.execute(query("ensure_target_limit"), {
+                **_key(job), "initial": policy.initial,
+                "max_concurrency": max(1, math.floor(policy.ceiling))})
+            row = _lock(cursor, job)
         if row is None:
             raise UnknownTarget(f"target {job.target!r} of tenant {job.tenant_id} is not registered")
         counted = cursor.execute(query("target_calls_in_flight"), _key(job)).fetchone()
@@ -127,25 +133,33 @@ def _defer(cursor: psycopg.Cursor[Any], job: ClaimedJob, admission: Admission, *
         until = now + (until - now) * busy_wait_scale
     deferred = cursor.execute(query("defer_job"), {
         "job_id": job.job_id, "claim_epoch": job.claim_epoch, "until": until}).fetchall()
+    if admission.defer is not DeferReason.LIMIT:
+        # Jobs queued since the hold (or the opening) began wait with this one.
+        _hold_queued_jobs(cursor, job, until)
     return Deferred(admission.defer, until) if deferred else None
+
+
+def _hold_queued_jobs(cursor: psycopg.Cursor[Any], job: ClaimedJob,
+                      until: datetime.datetime) -> None:
+    cursor.execute(query("hold_target_jobs"), {**_key(job), "until": until})
 
 
 def give_back(conn: psycopg.Connection[Any], job: ClaimedJob, slot: Slot,
               answer: Answer | None, *, policy: AimdPolicy,
-              breaker_policy: BreakerPolicy) -> TargetLimit | None:
+              breaker_policy: BreakerPolicy) -> float:
     """Frees the job's slot; with an ``answer``, first applies it to the target's limit,
-    hold and breaker (None: nothing was sent, nothing learnt). Returns the target's limit
-    as it now stands (None if the target's row is gone)."""
+    hold and breaker (None: nothing was sent, nothing learnt). Returns how many seconds
+    the target stays closed to every job, by the database's clock (0: it is not)."""
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
         row = _lock(cursor, job)
         cursor.execute(query("give_back_target_call"),
                        {"job_id": job.job_id, "claim_epoch": job.claim_epoch})
         if row is None:
-            return None
+            return 0.0
         limit = _limit_of(row)
-        if answer is None:
-            return limit
         now = row["now"]
+        if answer is None:
+            return _seconds_until(aimd.closed_until(limit, _breaker_of(row)), now)
         signal = aimd.signal_of(answer.status_code, timed_out=answer.timed_out)
         after = aimd.on_outcome(limit, signal, call_started_at=slot.started_at, now=now,
                                 policy=policy, status_code=answer.status_code,
@@ -160,4 +174,13 @@ def give_back(conn: psycopg.Connection[Any], job: ClaimedJob, slot: Slot,
                                         policy=breaker_policy)
         if after != limit or state != before:
             _save(cursor, job, after, state)
-        return after
+        closed = aimd.closed_until(after, state)
+        if closed is not None and closed != aimd.closed_until(limit, before):
+            # The target just asked for a pause (or its breaker opened): every job of
+            # it waits, not only this one.
+            _hold_queued_jobs(cursor, job, closed)
+        return _seconds_until(closed, now)
+
+
+def _seconds_until(end: datetime.datetime | None, now: datetime.datetime) -> float:
+    return 0.0 if end is None else max((end - now).total_seconds(), 0.0)

@@ -285,19 +285,21 @@ class Worker:
                 # A pool timeout is this client's own queue, not the target's answer.
                 timed_out = isinstance(error, httpx.TimeoutException) \
                     and not isinstance(error, httpx.PoolTimeout)
-                await self._give_back(job, slot, target_limits.Answer(None, timed_out=timed_out))
+                closed = await self._give_back(job, slot,
+                                               target_limits.Answer(None, timed_out=timed_out))
                 STEP_CALLS.labels("timeout" if timed_out else "error").observe(
                     time.monotonic() - started)
-                await self._fail(job, None, f"step {step.step}: {type(error).__name__}: {error}", None)
+                await self._fail(job, None, f"step {step.step}: {type(error).__name__}: {error}",
+                                 None, target_closed_seconds=closed)
                 return
             status = response.status_code
             retry_after = retry_after_seconds(response.headers.get("Retry-After"))
-            await self._give_back(job, slot, target_limits.Answer(status,
-                                                                  retry_after_seconds=retry_after))
+            closed = await self._give_back(job, slot, target_limits.Answer(
+                status, retry_after_seconds=retry_after))
             STEP_CALLS.labels(str(status)).observe(time.monotonic() - started)
             if not 200 <= status < 300:
                 await self._fail(job, status, f"step {step.step}: target answered {status}",
-                                 retry_after)
+                                 retry_after, target_closed_seconds=closed)
                 return
             result = _result_of(response)
             cost += _cost_of(response)
@@ -327,17 +329,20 @@ class Worker:
         return taken
 
     async def _give_back(self, job: jobqueue.ClaimedJob, slot: target_limits.Slot,
-                         answer: target_limits.Answer | None) -> None:
-        await self._db(target_limits.give_back, job, slot, answer,
+                         answer: target_limits.Answer | None) -> float:
+        """Frees the slot; returns how long the target stays closed to every job (0: not)."""
+        return await self._db(target_limits.give_back, job, slot, answer,
                        policy=self._config.target_limits,
                        breaker_policy=self._config.target_breaker)
 
     async def _fail(self, job: jobqueue.ClaimedJob, status: int | None, error: str,
-                    retry_after: float | None) -> None:
+                    retry_after: float | None, *, target_closed_seconds: float = 0.0) -> None:
         outcome = decide(attempt=job.attempts, status_code=status, policy=self._config.retry,
                          rng=self._rng, retry_after_seconds=retry_after)
+        # A retry before the target's hold or cool-down ends would only be deferred.
+        delay = max(outcome.delay_seconds, target_closed_seconds)
         await self._db(jobqueue.release, job, permanent=outcome.permanent,
-                       delay_seconds=outcome.delay_seconds, error=error,
+                       delay_seconds=delay, error=error,
                        error_code=outcome.error_code)
 
 

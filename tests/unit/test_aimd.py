@@ -15,6 +15,7 @@ from cellplane_cells.domain.aimd import (
     TargetLimit,
     admit,
     breaker_verdict,
+    closed_until,
     on_outcome,
     signal_of,
     slots,
@@ -193,3 +194,14 @@ def test_policies_that_make_no_sense_are_refused(kwargs: dict[str, float]) -> No
 def test_the_breaker_counts_failures_but_not_throttling_with_a_retry_after(
         status: int | None, retry_after: float | None, verdict: bool | None) -> None:
     assert breaker_verdict(status, retry_after_seconds=retry_after) is verdict
+
+
+def test_a_target_is_closed_until_its_hold_or_its_cool_down_ends_whichever_is_later() -> None:
+    assert closed_until(fresh(), Breaker()) is None
+    held = outcome(fresh(), Signal.OVERLOAD, status=429, retry_after=30.0, now=1.0)
+    assert closed_until(held, Breaker()) == at(31.0)
+    opened = Breaker(BreakerState.OPEN, failures=3, open_until=at(40.0))
+    assert closed_until(fresh(), opened) == at(40.0)
+    assert closed_until(held, opened) == at(40.0)
+    half_open = Breaker(BreakerState.HALF_OPEN, failures=3, allowance=1)
+    assert closed_until(held, half_open) == at(31.0)

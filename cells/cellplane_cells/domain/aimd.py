@@ -41,7 +41,7 @@ from cellplane_cells.domain.breaker import Breaker, BreakerPolicy, BreakerState
 
 __all__ = [
     "AimdPolicy", "TargetLimit", "Signal", "DeferReason", "Admission", "signal_of",
-    "on_outcome", "slots", "admit", "breaker_verdict",
+    "on_outcome", "slots", "admit", "breaker_verdict", "closed_until",
 ]
 
 _OVERLOAD_STATUSES = frozenset({429, 503})
@@ -162,6 +162,16 @@ def _held(state: TargetLimit, *, now: datetime.datetime, policy: AimdPolicy,
     if state.hold_until is not None and state.hold_until >= until:
         return state
     return replace(state, hold_until=until)
+
+
+def closed_until(state: TargetLimit, breaker: Breaker) -> datetime.datetime | None:
+    """Until when no job may call the target at all (its hold, or its open breaker's
+    cool-down, whichever ends later); None if it may be called now or as soon as a slot
+    frees. Every queued job of the target can wait that long without being claimed."""
+    ends = [end for end in (state.hold_until,
+                            breaker.open_until if breaker.state is BreakerState.OPEN else None)
+            if end is not None]
+    return max(ends) if ends else None
 
 
 class DeferReason(str, Enum):

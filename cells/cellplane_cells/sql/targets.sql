@@ -81,6 +81,15 @@ WITH deferred AS (
 )
 SELECT job_id FROM deferred;
 
+-- name: hold_target_jobs
+-- Every queued job of a target that may not be called before `until` (a
+-- Retry-After hold, an open breaker) waits until then, in one statement: none
+-- is claimed only to be deferred, and none has an attempt counted for it.
+UPDATE jobs
+   SET run_after = %(until)s
+ WHERE tenant_id = %(tenant_id)s AND target = %(target)s AND status = 'queued'
+   AND run_after < %(until)s;
+
 -- name: target_limit_stats
 -- For the metrics: every target the cell has called, its limit as whole
 -- slots, and the calls in flight.

@@ -23,7 +23,6 @@ from cellplane_cells.db import open_pool
 from cellplane_cells.domain.aimd import AimdPolicy
 from cellplane_cells.domain.breaker import BreakerPolicy
 from cellplane_cells.domain.retry import RetryPolicy
-from cellplane_cells.metrics import TARGET_DEFERRALS
 from cellplane_cells.worker import Worker, WorkerConfig
 from cellplane_operator.localplane.process import wait_for
 from httpservers import Call, RecordingServer
@@ -32,10 +31,6 @@ FAST = dict(lease_seconds=10.0, heartbeat_seconds=1.0, poll_seconds=0.02,
             retry=RetryPolicy(base_seconds=0.01, cap_seconds=0.05))
 # Breakers that never open: these tests watch the AIMD limit alone.
 NO_BREAKER = BreakerPolicy(failure_threshold=10_000)
-
-
-def deferrals(reason: str) -> float:
-    return TARGET_DEFERRALS.labels(reason)._value.get()
 
 
 async def run_until(conninfo: str, config: WorkerConfig, done: Callable[[], bool]) -> None:
@@ -89,13 +84,22 @@ async def test_a_429_with_retry_after_holds_every_job_for_the_target_without_spe
         # Two attempts each: a deferral that spent one would leave a job one failure from
         # dead-letter; the job that got the 429 has its second attempt left for after.
         write(cell_db, "UPDATE jobs SET max_attempts = 2")
-        held_before, total_before = deferrals("held"), sum(
-            deferrals(r) for r in ("held", "limit", "open"))
         # One call at a time, so the order of calls is the order of answers.
         config = WorkerConfig("w1", epoch=1, target_limits=AimdPolicy(
             initial=1.0, floor=1.0, ceiling=1.0, busy_wait_seconds=0.2),
             target_breaker=NO_BREAKER, **FAST)  # type: ignore[arg-type]
-        await run_until(cell_db, config, all_finished(cell_db))
+        # Sampled between the worker's steps: once the hold is recorded, no queued job of
+        # the target may be claimable before it ends (the 429's own job included).
+        early_after_hold: list[int] = []
+        finished = all_finished(cell_db)
+
+        def done() -> bool:
+            early_after_hold.append(int(fetch(cell_db, """
+                SELECT count(*) FROM jobs j, target_limits l
+                 WHERE j.status = 'queued' AND j.run_after < l.hold_until""")[0][0]))
+            return finished()
+
+        await run_until(cell_db, config, done)
         calls = target.snapshot()
 
     # Every job ran once more after the 429, and each of those calls came after the hold.
@@ -106,9 +110,7 @@ async def test_a_429_with_retry_after_holds_every_job_for_the_target_without_spe
     attempts = dict(fetch(cell_db, "SELECT job_id::text || '/1', attempts FROM jobs"))
     assert attempts == {key: 2 if key == answered_429[0] else 1 for key in attempts}
     assert len(attempts) == len(jobs)
-    # The other five were turned away while the first call was out or the hold lasted.
-    assert deferrals("held") - held_before >= 1
-    assert sum(deferrals(r) for r in ("held", "limit", "open")) - total_before >= 5
+    assert set(early_after_hold) == {0}
 
 
 async def test_a_failing_target_falls_to_the_floor_and_recovers_by_additive_steps(
@@ -289,3 +291,21 @@ async def test_a_breaker_opened_by_one_worker_keeps_every_worker_off_the_target(
     # The three calls were attempts; every other claim was a deferral, not one.
     assert fetch(cell_db, "SELECT sum(attempts)::int, count(*) FILTER (WHERE status = 'dead')"
                           " FROM jobs") == [(3, 0)]
+
+
+def test_the_answer_that_sets_a_hold_holds_every_queued_job_of_the_target(cell_db: str) -> None:
+    setup_tenant(cell_db, "acme", target_url="http://127.0.0.1:9/run")
+    with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
+        enqueue(conn, "acme", 3)
+        calling = jobqueue.claim(conn, worker="w", batch=1, lease_seconds=30)[0]
+        slot = target_limits.take_slot(conn, calling, policy=AimdPolicy(),
+                                       breaker_policy=NO_BREAKER)
+        assert isinstance(slot, target_limits.Slot)
+        closed = target_limits.give_back(
+            conn, calling, slot, target_limits.Answer(429, retry_after_seconds=30.0),
+            policy=AimdPolicy(), breaker_policy=NO_BREAKER)
+    assert 29.0 < closed <= 30.0
+    # Both jobs that were only queued now wait for the hold, unclaimed; none spent anything.
+    assert fetch(cell_db, """
+        SELECT j.run_after = l.hold_until, j.attempts FROM jobs j, target_limits l
+         WHERE j.status = 'queued'""") == [(True, 0), (True, 0)]
