@@ -5,7 +5,7 @@
 Starts its own PostgreSQL 15 on loopback (the local control plane launcher), a
 cell database with one enterprise tenant (``--tenants``) whose ``default``
 target is an HTTP server on 127.0.0.1 with a hidden capacity: it serves up to
-``--capacity`` calls at once, each taking ``--service-ms`` (100), and answers
+``--capacity`` calls at once, each taking ``--service-ms`` (400), and answers
 503 at once to any call beyond that (what an overloaded service behind a load
 shedder does). With several tenants, each registers the same service, so it
 has one limit per tenant; the table adds them up.
@@ -17,13 +17,18 @@ each with attempts enough never to go dead), run one real ``Worker`` with
 * ``AIMD, busy wait W s``: the cell's target limits (``domain/aimd.py``)
   with the default increase and decrease, starting at 10 and capped at the
   worker's slots; a job turned away by a full limit waits about W s
-  (``--busy-waits``: the policy's default, 1 s, and 0.2 s);
+  (``--busy-waits``, default the policy's 1 s);
 * ``no AIMD (reference)``: the limit pinned at the worker's slots (floor =
   initial = ceiling), which is what a cell without target limits does: every
   free slot calls the target.
 
 Circuit breakers are off in both (a threshold never reached), so what differs
-is the limit alone. Retries back off with full jitter from 50 ms (cap 1 s).
+is the limit alone. Retries back off with full jitter from 50 ms (cap 1 s);
+the worker polls every 20 ms when a claim gave it nothing to run (the
+default is 500 ms), which is also how often it claims while every job it
+claims is turned away. Calls are long (400 ms) so that the worker, about
+fifteen statements per one-step job, can put more calls in flight than the
+target takes; deferrals/s counts jobs claimed and sent back unrun.
 A sampler reads the shared limit from the database four times a second. A
 benchmark, not a test: it prints a markdown table and judges nothing.
 """
@@ -247,14 +252,14 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--capacity", type=int, default=4)
-    parser.add_argument("--service-ms", type=float, default=100.0)
+    parser.add_argument("--service-ms", type=float, default=400.0)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--tenants", type=int, default=1)
-    parser.add_argument("--busy-waits", default=f"{AimdPolicy().busy_wait_seconds:g},0.2",
+    parser.add_argument("--busy-waits", default=f"{AimdPolicy().busy_wait_seconds:g}",
                         type=lambda text: [float(w) for w in text.split(",") if w.strip()],
                         help="how long a job turned away by a full limit waits, one AIMD "
-                             "variant each (the policy's default first)")
+                             "variant each, comma-separated (default: the policy's)")
     return parser.parse_args()
 
 

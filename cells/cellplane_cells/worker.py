@@ -89,6 +89,10 @@ class _Running:
     call_sent: bool = False
     cancel_requested: bool = False
     claim_lost: bool = False
+    slot_decided: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the job's first call got a slot on its target, or did not."""
+    turned_away: bool = False
+    """The job went back to the queue without calling (its target held, open or full)."""
 
 
 class Worker:
@@ -99,6 +103,7 @@ class Worker:
         self._rng = rng or random.Random()
         self._wall_clock = wall_clock
         self._running: dict[Any, _Running] = {}
+        self._last_claimed: list[_Running] = []
         self._db = ThreadedDatabase(pool, component=f"worker {config.worker_id}")
 
     @property
@@ -123,10 +128,12 @@ class Worker:
             # read and its write; the next claim passes it by.
             return []
         tasks = []
+        self._last_claimed = []
         for job in jobs:
             CLAIMS.labels(job.tenant_id).inc()
             running = _Running(job)
             self._running[job.job_id] = running
+            self._last_claimed.append(running)
             running.task = asyncio.create_task(self._supervise(running))
             tasks.append(running.task)
         return tasks
@@ -151,7 +158,7 @@ class Worker:
                 except psycopg.OperationalError as error:
                     log.warning("claim failed, retrying: %s", error)
                     started = []
-                if not started:
+                if not started or await self._only_turned_away(self._last_claimed):
                     try:
                         await asyncio.wait_for(stop.wait(), self._config.poll_seconds)
                     except asyncio.TimeoutError:
@@ -163,6 +170,18 @@ class Worker:
                     running.task.cancel()
             await asyncio.gather(*(r.task for r in self._running.values() if r.task),
                                  return_exceptions=True)
+
+    async def _only_turned_away(self, claimed: list[_Running]) -> bool:
+        """Did every job of the last claim go back unrun because its target could not take it?
+
+        Then the loop pauses as after an empty claim: a deep queue for one full or
+        held target would otherwise be claimed and turned away as fast as it runs."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.slot_decided.wait() for r in claimed)),
+                                   timeout=self._config.poll_seconds * 4)
+        except asyncio.TimeoutError:
+            return False
+        return bool(claimed) and all(r.turned_away for r in claimed)
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         purged_at: float | None = None
@@ -215,6 +234,7 @@ class Worker:
         except Exception:
             log.exception("job %s failed inside the worker", running.job.job_id)
         finally:
+            running.slot_decided.set()
             beat.cancel()
             self._running.pop(running.job.job_id, None)
 
@@ -265,6 +285,8 @@ class Worker:
                 SIGNATURE_HEADER: sign(secret, body, timestamp=timestamp),
             }
             slot = await self._take_slot(job)
+            running.turned_away = slot is None and not running.slot_decided.is_set()
+            running.slot_decided.set()
             if slot is None:
                 return      # deferred (not an attempt), or the claim is gone
             started = time.monotonic()
