@@ -17,6 +17,7 @@ import httpx
 import psycopg
 from starlette.responses import JSONResponse, Response
 
+from cellapi import Cell
 from cellfixtures import enqueue, fetch, setup_tenant, write
 from cellplane_cells import jobqueue, target_limits
 from cellplane_cells.db import open_pool
@@ -309,3 +310,21 @@ def test_the_answer_that_sets_a_hold_holds_every_queued_job_of_the_target(cell_d
     assert fetch(cell_db, """
         SELECT j.run_after = l.hold_until, j.attempts FROM jobs j, target_limits l
          WHERE j.status = 'queued'""") == [(True, 0), (True, 0)]
+
+
+def test_the_admin_metrics_show_each_targets_limit_and_calls_in_flight(cell_db: str) -> None:
+    cell = Cell(cell_db)
+    try:
+        auth = cell.tenant("acme")
+        assert cell.submit(auth, "a").status_code == 202
+        with cell.pool.connection() as conn:
+            [job] = jobqueue.claim(conn, worker="w", batch=1, lease_seconds=30)
+            slot = target_limits.take_slot(conn, job, policy=AimdPolicy(initial=6.0),
+                                           breaker_policy=NO_BREAKER)
+            assert isinstance(slot, target_limits.Slot)
+        text = cell.admin.get("/metrics").text
+    finally:
+        cell.close()
+    assert 'cellplane_cell_target_concurrency_limit{target="default",tenant="acme"} 6.0' in text
+    assert 'cellplane_cell_target_calls_in_flight{target="default",tenant="acme"} 1.0' in text
+    assert 'cellplane_cell_target_breaker_open{target="default",tenant="acme"} 0.0' in text
