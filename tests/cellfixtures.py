@@ -41,15 +41,16 @@ def grant(conninfo: str, *, epoch: int, seconds: float) -> None:
 
 
 def enqueue(conn: psycopg.Connection[Any], tenant_id: str, count: int, *, steps: int = 1,
-            estimate: int = 0, target: str = "default") -> list[uuid.UUID]:
+            estimate: int = 0, target: str = "default", priority: str = "DEFAULT",
+            ) -> list[uuid.UUID]:
     """Queues jobs directly (no API, no reservation), for queue-only tests."""
     ids = [uuid.uuid4() for _ in range(count)]
     with conn.transaction(), conn.cursor() as cursor:
         cursor.executemany(
             "INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload,"
-            " max_attempts, estimate, created_at)"
-            " VALUES (%s, %s, 'queued', %s, %s, %s, 5, %s, clock_timestamp())",
-            [(job_id, tenant_id, target, steps, Jsonb({"n": i}), estimate)
+            " max_attempts, estimate, priority, created_at)"
+            " VALUES (%s, %s, 'queued', %s, %s, %s, 5, %s, %s, clock_timestamp())",
+            [(job_id, tenant_id, target, steps, Jsonb({"n": i}), estimate, priority)
              for i, job_id in enumerate(ids)],
         )
         cursor.executemany(

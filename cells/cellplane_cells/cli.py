@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 
+from cellplane_cells.domain.priorities import Floors, FloorsError, parse_floors
 from cellplane_cells.logs import configure_logging
 from cellplane_cells.settings import add_common_arguments, settings_from
 
@@ -33,6 +34,11 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     add_common_arguments(work, relay_pool=True)
     work.add_argument("--worker-id", default=f"{socket.gethostname()}-{os.getpid()}")
     work.add_argument("--slots", type=int, default=10)
+    work.add_argument("--priority-floors", default=os.environ.get("CELLPLANE_CELL_PRIORITY_FLOORS"),
+                      help="slots of each worker reserved per priority class, e.g. "
+                           "CRITICAL=2,HIGH=2,DEFAULT=2,LOW=1; classes left out reserve none "
+                           "(CELLPLANE_CELL_PRIORITY_FLOORS; default: 20%% of the slots for "
+                           "CRITICAL, HIGH and DEFAULT each, 10%% for LOW, rounded down)")
     work.add_argument("--lease-seconds", type=float, default=30.0)
     work.add_argument("--heartbeat-seconds", type=float, default=10.0)
     work.add_argument("--reap-seconds", type=float, default=5.0)
@@ -77,7 +83,8 @@ def _work(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     config = WorkerConfig(worker_id=args.worker_id, epoch=settings.epoch, slots=args.slots,
                           lease_seconds=args.lease_seconds,
-                          heartbeat_seconds=args.heartbeat_seconds, reap_seconds=args.reap_seconds)
+                          heartbeat_seconds=args.heartbeat_seconds, reap_seconds=args.reap_seconds,
+                          floors=_floors(args))
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -101,8 +108,9 @@ def _work(args: argparse.Namespace) -> int:
                 # dispatching one occurrence twice.
                 dispatcher = Dispatcher(pool, DispatcherConfig(), name=args.worker_id)
                 logging.getLogger("cellplane.cell").info(
-                    "worker %s up: epoch %d, %d slots, webhook relay and schedule dispatcher on",
-                    config.worker_id, config.epoch, config.slots)
+                    "worker %s up: epoch %d, %d slots (floors %s), webhook relay and schedule "
+                    "dispatcher on", config.worker_id, config.epoch, config.slots,
+                    ", ".join(f"{p.value} {n}" for p, n in config.bulkheads.reserved.items()))
                 await asyncio.gather(worker.run(stop), relay.run(stop), dispatcher.run(stop))
         finally:
             relay_pool.close()
@@ -110,6 +118,17 @@ def _work(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _floors(args: argparse.Namespace) -> Floors:
+    if args.slots < 1:
+        raise SystemExit("cellplane cell work: --slots must be at least 1")
+    if not args.priority_floors:
+        return Floors.default_for(args.slots)
+    try:
+        return parse_floors(args.priority_floors, slots=args.slots)
+    except FloorsError as error:
+        raise SystemExit(f"cellplane cell work: --priority-floors: {error}") from None
 
 
 def _serve(args: argparse.Namespace) -> int:

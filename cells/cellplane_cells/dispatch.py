@@ -68,7 +68,7 @@ def _dispatch_one(cursor: psycopg.Cursor[dict[str, Any]], row: dict[str, Any],
         params = {"schedule_id": schedule_id, "scheduled_for": scheduled_for,
                   "tenant_id": row["tenant_id"], "job_id": job_id, "idempotency_key": key,
                   "target": row["target"], "payload": Jsonb(row["payload"]),
-                  "max_attempts": row["max_attempts"]}
+                  "max_attempts": row["max_attempts"], "priority": row["priority"]}
         if cursor.execute(query("insert_run"), params).fetchone() is None:
             continue  # this occurrence has its job already
         cursor.execute(query("insert_scheduled_job"), params)

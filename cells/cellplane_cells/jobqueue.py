@@ -19,10 +19,11 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from cellplane_cells.db import translate_errors
+from cellplane_cells.domain.priorities import Priority
 from cellplane_cells.queries import query
 
 __all__ = [
-    "ClaimedJob", "Step", "claim", "heartbeat", "steps_of", "save_step", "complete", "release",
+    "ClaimedJob", "Step", "claimable_classes", "claim", "heartbeat", "steps_of", "save_step", "complete", "release",
     "finish_cancelled", "refund", "reap", "expire_queued", "fix_counters",
 ]
 
@@ -38,6 +39,9 @@ class ClaimedJob:
     attempts: int
     max_attempts: int
     expires_at: datetime.datetime | None
+    priority: Priority
+    waited_seconds: float
+    """From when the job was due (queued, or its retry's time) to this claim."""
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,18 @@ def _run(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> li
         return cursor.fetchall() if cursor.description else []
 
 
-def claim(conn: psycopg.Connection[Any], *, worker: str, batch: int,
-          lease_seconds: float) -> list[ClaimedJob]:
+def claimable_classes(conn: psycopg.Connection[Any]) -> set[Priority]:
+    """The classes with a due job of a tenant that may run one now."""
+    return {Priority(row["priority"]) for row in _run(conn, "claimable_classes", {})}
+
+
+def claim(conn: psycopg.Connection[Any], *, worker: str, batch: int, lease_seconds: float,
+          priority: Priority = Priority.DEFAULT) -> list[ClaimedJob]:
+    """Up to ``batch`` due jobs of one class, one per tenant, in the tenants' turn order."""
     rows = _run(conn, "claim_jobs", {"worker": worker, "batch": batch,
-                                     "lease_seconds": lease_seconds})
-    return [ClaimedJob(**row) for row in rows]
+                                     "lease_seconds": lease_seconds,
+                                     "priority": priority.value})
+    return [ClaimedJob(**{**row, "priority": Priority(row["priority"])}) for row in rows]
 
 
 def heartbeat(conn: psycopg.Connection[Any], job: ClaimedJob, *,

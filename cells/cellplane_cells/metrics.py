@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
     "WRITES_REJECTED", "CLAIMS", "SUBMISSIONS_REFUSED", "TENANT_REFUSALS", "STEP_CALLS",
-    "DELIVERIES", "SCHEDULE_DISPATCH_LAG", "TARGET_DEFERRALS", "QueueCollector",
+    "DELIVERIES", "SCHEDULE_DISPATCH_LAG", "CLAIM_LAG", "TARGET_DEFERRALS", "QueueCollector",
     "TargetLimitCollector", "refuse_submission",
 ]
 
@@ -44,6 +44,14 @@ SCHEDULE_DISPATCH_LAG = Histogram(
     "window) to its job being queued, by the database's clock; a run caught up after an "
     "outage or a pause counts its whole lateness.",
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
+)
+
+CLAIM_LAG = Histogram(
+    "cellplane_cell_claim_lag_seconds",
+    "From a job being due (queued, or its retry's time) to a worker claiming it, by the "
+    "database's clock, per priority class: how long a class waited for a slot.",
+    ["priority"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
 )
 
 TARGET_DEFERRALS = Counter(

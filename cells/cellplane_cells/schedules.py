@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from cellplane_cells.db import translate_errors
+from cellplane_cells.domain.priorities import Priority
 from cellplane_cells.domain.schedules import (
     MisfirePolicy, MisfireRule, ScheduleId, ScheduleKind, Timing, dispatch_offset, first_occurrence,
 )
@@ -41,6 +42,8 @@ class ScheduleSpec:
     max_attempts: int
     misfire: MisfireRule
     dispatch_window_seconds: int
+    priority: Priority = Priority.DEFAULT
+    """The class every run's job is queued in."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def _params(tenant_id: str, schedule_id: ScheduleId, spec: ScheduleSpec,
         "misfire_policy": spec.misfire.policy.value,
         "max_catch_up_runs": spec.misfire.max_catch_up_runs,
         "dispatch_window_seconds": spec.dispatch_window_seconds,
+        "priority": spec.priority.value,
         "dispatch_offset": dispatch_offset(schedule_id, spec.dispatch_window_seconds),
         "state": state, "next_at": first_occurrence(spec.timing, now),
     }

@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from cellplane_cells.db import translate_errors
+from cellplane_cells.domain.priorities import Priority
 from cellplane_cells.errors import (
     ConflictError,
     InsufficientFundsError,
@@ -41,6 +42,7 @@ class JobRequest:
     max_attempts: int
     estimate: int
     expires_in_seconds: int | None
+    priority: Priority = Priority.DEFAULT
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,12 @@ class StoredResponse:
 
 
 def request_hash(request: JobRequest) -> bytes:
-    canonical = json.dumps(request.__dict__, sort_keys=True, separators=(",", ":"), default=str)
+    fields = {name: value for name, value in request.__dict__.items() if name != "priority"}
+    # A DEFAULT job hashes as before priorities existed, so a submission retried
+    # across the upgrade still matches the key it was first stored under.
+    if request.priority is not Priority.DEFAULT:
+        fields["priority"] = request.priority.value
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).digest()
 
 
@@ -97,6 +104,7 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
                 "step_count": request.steps, "payload": Jsonb(request.payload),
                 "max_attempts": request.max_attempts, "estimate": request.estimate,
                 "expires_in_seconds": request.expires_in_seconds,
+                "priority": request.priority.value,
             }
             if cursor.execute(query("reserve"), params).fetchone() is None:
                 refuse_submission("insufficient_funds", tenant_id)

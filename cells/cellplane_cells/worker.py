@@ -10,6 +10,12 @@ tenant is frozen for a move (or moved out) is refused by the database per
 tenant: the worker drops that job as if its claim were lost and keeps running.
 The reaper's loop also purges moved-out tenants whose retention has passed.
 
+Free slots go to priority classes as ``domain/priorities.py`` decides: each
+class with work gets its floor of this worker's slots, idle slots go to the
+highest class with work, and a borrowed slot is given back at the claim after
+its job ends. One claim round asks which classes have claimable work, then
+claims class by class until the decision has no slot left to fill.
+
 Each step's call takes a slot on its target first (``target_limits.py``): the
 target's AIMD limit, Retry-After hold and breaker are shared by every worker of
 the cell. A job that may not call its target now goes back to the queue
@@ -23,6 +29,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -35,14 +42,15 @@ from cellplane_cells import jobqueue, moves, target_limits
 from cellplane_cells.db import ThreadedDatabase
 from cellplane_cells.domain.aimd import AimdPolicy
 from cellplane_cells.domain.breaker import BreakerPolicy
+from cellplane_cells.domain.priorities import Floors, Priority, next_claim
 from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_seconds
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
-from cellplane_cells.metrics import CLAIMS, STEP_CALLS, TARGET_DEFERRALS
+from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, STEP_CALLS, TARGET_DEFERRALS
 from cellplane_cells.queries import query
 
-__all__ = ["WorkerConfig", "Worker", "EPOCH_HEADER", "COST_HEADER"]
+__all__ = ["WorkerConfig", "Worker", "claim_round", "EPOCH_HEADER", "COST_HEADER"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +88,17 @@ class WorkerConfig:
     must be given the same)."""
     target_breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     """When a target's circuit breaker opens, how long it cools down, how fast it ramps up."""
+    floors: Floors | None = None
+    """Slots reserved per priority class; None: ``Floors.default_for(slots)``."""
+
+    def __post_init__(self) -> None:
+        if self.floors is not None and self.floors.slots != self.slots:
+            raise ValueError(f"the floors are for {self.floors.slots} slots, "
+                             f"the worker has {self.slots}")
+
+    @property
+    def bulkheads(self) -> Floors:
+        return self.floors if self.floors is not None else Floors.default_for(self.slots)
 
 
 @dataclass
@@ -105,6 +124,9 @@ class Worker:
         self._running: dict[Any, _Running] = {}
         self._last_claimed: list[_Running] = []
         self._db = ThreadedDatabase(pool, component=f"worker {config.worker_id}")
+        # Set when a job ends: the claim loop's pause ends with it, so a freed
+        # slot goes to the highest class with work now, not at the next poll.
+        self._slot_freed = asyncio.Event()
 
     @property
     def fenced(self) -> NotWritableError | None:
@@ -119,18 +141,16 @@ class Worker:
         free = self._config.slots - len(self._running)
         if free <= 0 or self.fenced is not None:
             return []
+        by_class = Counter(r.job.priority for r in self._running.values())
         try:
-            jobs = await self._db(jobqueue.claim, worker=self._config.worker_id,
-                                  batch=min(free, self._config.batch),
-                                  lease_seconds=self._config.lease_seconds)
-        except (NotWritableError, TenantMovingError):
-            # TenantMovingError: a tenant of the batch froze between the claim's
-            # read and its write; the next claim passes it by.
+            jobs = await self._db(claim_round, self._config, by_class)
+        except NotWritableError:
             return []
         tasks = []
         self._last_claimed = []
         for job in jobs:
             CLAIMS.labels(job.tenant_id).inc()
+            CLAIM_LAG.labels(job.priority.value).observe(max(job.waited_seconds, 0.0))
             running = _Running(job)
             self._running[job.job_id] = running
             self._last_claimed.append(running)
@@ -153,16 +173,18 @@ class Worker:
         reaper = asyncio.create_task(self._reap_forever(stop))
         try:
             while not stop.is_set() and self.fenced is None:
+                self._slot_freed.clear()  # before the claim: a job ending during it counts
                 try:
                     started = await self.claim_and_start()
                 except psycopg.OperationalError as error:
                     log.warning("claim failed, retrying: %s", error)
                     started = []
-                if not started or await self._only_turned_away(self._last_claimed):
-                    try:
-                        await asyncio.wait_for(stop.wait(), self._config.poll_seconds)
-                    except asyncio.TimeoutError:
-                        pass
+                if not started:
+                    await self._pause(stop)
+                elif await self._only_turned_away(self._last_claimed):
+                    # Every job of the claim went back unrun (their ends do not count as
+                    # freed slots): claiming again at once would only claim more of them.
+                    await self._pause(stop)
         finally:
             reaper.cancel()
             for running in list(self._running.values()):
@@ -182,6 +204,16 @@ class Worker:
         except asyncio.TimeoutError:
             return False
         return bool(claimed) and all(r.turned_away for r in claimed)
+
+    async def _pause(self, stop: asyncio.Event) -> None:
+        """Until the poll interval passes, a job ends (its slot is free) or stop is asked."""
+        wakers = [asyncio.create_task(stop.wait()), asyncio.create_task(self._slot_freed.wait())]
+        try:
+            await asyncio.wait(wakers, timeout=self._config.poll_seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waker in wakers:
+                waker.cancel()
 
     async def _reap_forever(self, stop: asyncio.Event) -> None:
         purged_at: float | None = None
@@ -237,6 +269,9 @@ class Worker:
             running.slot_decided.set()
             beat.cancel()
             self._running.pop(running.job.job_id, None)
+            if not running.turned_away:
+                # A job turned away by its target frees no slot worth claiming for.
+                self._slot_freed.set()
 
     async def _heartbeat(self, running: _Running, work: asyncio.Task[None]) -> None:
         while not work.done():
@@ -366,6 +401,31 @@ class Worker:
         await self._db(jobqueue.release, job, permanent=outcome.permanent,
                        delay_seconds=delay, error=error,
                        error_code=outcome.error_code)
+
+
+def claim_round(conn: psycopg.Connection[Any], config: WorkerConfig,
+                running: Counter[Priority]) -> list[jobqueue.ClaimedJob]:
+    """Fills the worker's free slots class by class, as ``next_claim`` decides.
+
+    Every claim commits on its own, so the jobs of earlier claims are returned
+    even when a later one is refused for a tenant being moved (the next round
+    passes that tenant by)."""
+    running = Counter(running)
+    waiting = jobqueue.claimable_classes(conn)
+    claimed: list[jobqueue.ClaimedJob] = []
+    while (grant := next_claim(config.bulkheads, running, waiting)) is not None:
+        try:
+            jobs = jobqueue.claim(conn, worker=config.worker_id,
+                                  batch=min(grant.count, config.batch),
+                                  lease_seconds=config.lease_seconds, priority=grant.priority)
+        except TenantMovingError:
+            # A tenant of the batch froze between the claim's read and its write.
+            break
+        if not jobs:
+            waiting.discard(grant.priority)
+        running[grant.priority] += len(jobs)
+        claimed.extend(jobs)
+    return claimed
 
 
 def _call_context(conn: psycopg.Connection[Any], tenant_id: str, target: str) -> tuple[str, str] | None:

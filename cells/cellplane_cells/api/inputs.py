@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 from fastapi import FastAPI, Request, Response
@@ -24,7 +24,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cellplane_cells.api.errors import BodySizeLimit, error_body
 from cellplane_cells.domain.client_input import has_control_character, loads_storable
 
-__all__ = ["StorableJsonRoute", "RequestBody", "ControlCharacterGuard", "install_request_gates"]
+__all__ = ["StorableJsonRoute", "RequestBody", "PriorityClass", "ControlCharacterGuard",
+           "install_request_gates"]
+
+PriorityClass = Literal["CRITICAL", "HIGH", "DEFAULT", "LOW"]
+"""``domain.priorities.Priority`` as a body spells it (a Literal: a strict body takes no enum)."""
 
 
 class _StorableJsonRequest(Request):

@@ -26,8 +26,9 @@ from fastapi.exceptions import RequestValidationError
 from psycopg_pool import ConnectionPool
 from pydantic import AfterValidator, BaseModel, Field, JsonValue
 
-from cellplane_cells.api.inputs import RequestBody
+from cellplane_cells.api.inputs import PriorityClass, RequestBody
 from cellplane_cells.domain.client_input import MAX_PAYLOAD_DEPTH, json_depth
+from cellplane_cells.domain.priorities import Priority
 from cellplane_cells.domain.schedules import (
     DEFAULT_DISPATCH_WINDOW_SECONDS, DEFAULT_MAX_CATCH_UP_RUNS, MAX_CATCH_UP_RUNS,
     MAX_DISPATCH_WINDOW_SECONDS, MisfirePolicy, MisfireRule, ScheduleError, Timing, cron, once,
@@ -72,6 +73,8 @@ class ScheduleBody(RequestBody):
     max_catch_up_runs: int = Field(default=DEFAULT_MAX_CATCH_UP_RUNS, ge=1, le=MAX_CATCH_UP_RUNS)
     dispatch_window_seconds: int = Field(default=DEFAULT_DISPATCH_WINDOW_SECONDS, ge=0,
                                          le=MAX_DISPATCH_WINDOW_SECONDS)
+    priority: PriorityClass = Field(default="DEFAULT",
+                                    description="Priority class of every run's job.")
 
 
 class TimingOut(BaseModel):
@@ -91,6 +94,7 @@ class Schedule(BaseModel):
     misfire_policy: Literal["RUN_ONCE", "SKIP", "RUN_ALL"]
     max_catch_up_runs: int
     dispatch_window_seconds: int
+    priority: PriorityClass
     next_run_at: datetime.datetime | None
     next_run_local: str | None
     created_at: datetime.datetime
@@ -141,12 +145,17 @@ def _spec(body: ScheduleBody) -> ScheduleSpec:
         max_attempts=body.max_attempts,
         misfire=MisfireRule(MisfirePolicy(body.misfire_policy),
                             max_catch_up_runs=body.max_catch_up_runs),
-        dispatch_window_seconds=body.dispatch_window_seconds)
+        dispatch_window_seconds=body.dispatch_window_seconds, priority=Priority(body.priority))
 
 
 def _body_hash(body: ScheduleBody) -> bytes:
     """Equal for two requests that ask for the same schedule, however their JSON was laid out."""
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    fields = body.model_dump(mode="json")
+    # A DEFAULT schedule hashes as before priorities existed, so a create retried
+    # across the upgrade still matches the key it was first stored under.
+    if fields["priority"] == Priority.DEFAULT.value:
+        del fields["priority"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).digest()
 
 
@@ -162,7 +171,8 @@ def _schedule(row: dict[str, Any]) -> Schedule:
                            time_zone=row["time_zone"]),
         target=row["target"], payload=row["payload"], max_attempts=row["max_attempts"],
         misfire_policy=row["misfire_policy"], max_catch_up_runs=row["max_catch_up_runs"],
-        dispatch_window_seconds=row["dispatch_window_seconds"], next_run_at=next_at,
+        dispatch_window_seconds=row["dispatch_window_seconds"], priority=row["priority"],
+        next_run_at=next_at,
         next_run_local=local, created_at=row["created_at"], updated_at=row["updated_at"])
 
 

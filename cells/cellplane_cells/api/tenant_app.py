@@ -23,12 +23,13 @@ from psycopg_pool import ConnectionPool
 from pydantic import AfterValidator, BaseModel, Field, JsonValue
 
 from cellplane_cells.api.errors import install_error_handlers
-from cellplane_cells.api.inputs import RequestBody, install_request_gates
+from cellplane_cells.api.inputs import PriorityClass, RequestBody, install_request_gates
 from cellplane_cells.api.schedule_routes import add_schedule_routes
 from cellplane_cells.domain.client_input import (
     INVALID_KEY_MESSAGE, MAX_PAYLOAD_DEPTH, TENANT_BODY_LIMIT_BYTES, bearer_token, json_depth,
 )
 from cellplane_cells.db import translate_errors
+from cellplane_cells.domain.priorities import Priority
 from cellplane_cells.errors import (
     InvalidRequestError,
     NotFoundError,
@@ -64,12 +65,16 @@ class SubmitJob(RequestBody):
     estimate: int = Field(default=0, ge=0, le=10**12,
                           description="Cost estimate in micro-credits, reserved at submission.")
     expires_in_seconds: int | None = Field(default=None, ge=1, le=30 * 86400)
+    priority: PriorityClass = Field(
+        default="DEFAULT", description="Priority class: which reserved worker slots the job "
+                                       "may take (docs/schedules.md).")
 
 
 class Job(BaseModel):
     job_id: uuid.UUID
     status: JobStatus
     target: str
+    priority: PriorityClass
     steps: int
     attempts: int
     max_attempts: int
@@ -90,6 +95,7 @@ class JobPage(BaseModel):
 
 def _job(row: dict[str, Any]) -> Job:
     return Job(job_id=row["job_id"], status=row["status"], target=row["target"],
+               priority=row["priority"],
                steps=row["step_count"], attempts=row["attempts"], max_attempts=row["max_attempts"],
                estimate=row["estimate"], created_at=row["created_at"], started_at=row["started_at"],
                finished_at=row["finished_at"], expires_at=row["expires_at"],
@@ -170,7 +176,8 @@ def create_tenant_app(pool: ConnectionPool) -> FastAPI:
                    ) -> JSONResponse:
         job = JobRequest(target=body.target, payload=body.payload, steps=body.steps,
                          max_attempts=body.max_attempts, estimate=body.estimate,
-                         expires_in_seconds=body.expires_in_seconds)
+                         expires_in_seconds=body.expires_in_seconds,
+                         priority=Priority(body.priority))
         with pool.connection() as conn:
             stored = submit(conn, tenant_id=tenant_id, key=idempotency_key, request=job)
         headers = {"Idempotent-Replayed": "true"} if stored.replayed else {}

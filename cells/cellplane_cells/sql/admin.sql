@@ -85,11 +85,11 @@ SELECT job_id, target, step_count, payload, max_attempts, estimate
 -- name: insert_redriven_job
 -- The copy becomes due `delay_seconds` from now: the caller spaces the copies
 -- at the redrive rate, so a large dead-letter queue comes back at a capped
--- pace instead of all at once.
+-- pace instead of all at once. The copy keeps the job's priority class.
 INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, max_attempts,
-                  estimate, run_after, redriven_from)
+                  estimate, priority, run_after, redriven_from)
 SELECT %(job_id)s, tenant_id, 'queued', target, step_count, payload, max_attempts, estimate,
-       now() + make_interval(secs => %(delay_seconds)s), job_id
+       priority, now() + make_interval(secs => %(delay_seconds)s), job_id
   FROM jobs WHERE job_id = %(old_job_id)s;
 
 -- name: mark_redriven

@@ -59,9 +59,9 @@ RETURNING entry_id;
 -- The expiry is a duration turned into a time by the database's clock, the
 -- cell's only clock.
 INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, max_attempts,
-                  estimate, expires_at)
+                  estimate, priority, expires_at)
 VALUES (%(job_id)s, %(tenant_id)s, 'queued', %(target)s, %(step_count)s, %(payload)s,
-        %(max_attempts)s, %(estimate)s,
+        %(max_attempts)s, %(estimate)s, %(priority)s,
         now() + make_interval(secs => %(expires_in_seconds)s::double precision))
 RETURNING created_at;
 
@@ -89,14 +89,14 @@ RETURNING key;
 SELECT url FROM targets WHERE tenant_id = %(tenant_id)s AND name = %(target)s;
 
 -- name: get_job
-SELECT job_id, status, target, step_count, attempts, max_attempts, estimate, created_at,
+SELECT job_id, status, target, priority, step_count, attempts, max_attempts, estimate, created_at,
        started_at, finished_at, expires_at, last_error, error_code, cancel_requested
   FROM jobs WHERE tenant_id = %(tenant_id)s AND job_id = %(job_id)s;
 
 -- name: list_jobs
 -- Keyset pagination, newest first: the cursor is the (created_at, job_id) of
 -- the last row of the previous page.
-SELECT job_id, status, target, step_count, attempts, max_attempts, estimate, created_at,
+SELECT job_id, status, target, priority, step_count, attempts, max_attempts, estimate, created_at,
        started_at, finished_at, expires_at, last_error, error_code, cancel_requested
   FROM jobs
  WHERE tenant_id = %(tenant_id)s

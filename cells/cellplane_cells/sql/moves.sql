@@ -313,13 +313,14 @@ ON CONFLICT (tenant_id, url) DO UPDATE
 -- A job running in the source is queued here: it runs again from its first
 -- unsaved step, with the same step idempotency keys, once the tenant is
 -- active here. Any other status is copied (a job finished there stays
--- finished here).
+-- finished here). A row from a cell without priority classes is DEFAULT.
 INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, attempts, max_attempts,
-                  estimate, run_after, expires_at, claim_epoch, claimed_by, lease_until,
+                  estimate, priority, run_after, expires_at, claim_epoch, claimed_by, lease_until,
                   cancel_requested, redriven_from, redriven_to, last_error, error_code,
                   created_at, started_at, finished_at)
 SELECT job_id, tenant_id, CASE WHEN status = 'running' THEN 'queued' ELSE status END, target,
-       step_count, payload, attempts, max_attempts, estimate, run_after, expires_at,
+       step_count, payload, attempts, max_attempts, estimate, coalesce(priority, 'DEFAULT'),
+       run_after, expires_at,
        claim_epoch, NULL, NULL, cancel_requested, redriven_from, redriven_to, last_error,
        error_code, created_at, started_at, finished_at
   FROM json_populate_recordset(null::jobs, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
@@ -327,6 +328,7 @@ ON CONFLICT (job_id) DO UPDATE
    SET status = EXCLUDED.status, target = EXCLUDED.target, step_count = EXCLUDED.step_count,
        payload = EXCLUDED.payload, attempts = EXCLUDED.attempts,
        max_attempts = EXCLUDED.max_attempts, estimate = EXCLUDED.estimate,
+       priority = EXCLUDED.priority,
        run_after = EXCLUDED.run_after, expires_at = EXCLUDED.expires_at,
        claim_epoch = EXCLUDED.claim_epoch, claimed_by = NULL, lease_until = NULL,
        cancel_requested = EXCLUDED.cancel_requested, redriven_from = EXCLUDED.redriven_from,
@@ -447,7 +449,8 @@ SELECT 'jobs' AS table, count(*) AS rows, coalesce(sum(
            # coalesce(hashtextextended(j.error_code, 15), 15)
            # timestamp_hash_extended(j.created_at::timestamp, 16)
            # coalesce(timestamp_hash_extended(j.started_at::timestamp, 17), 17)
-           # coalesce(timestamp_hash_extended(j.finished_at::timestamp, 18), 18)), 0)::text
+           # coalesce(timestamp_hash_extended(j.finished_at::timestamp, 18), 18)
+           # hashtextextended(j.priority, 19)), 0)::text
            AS checksum
   FROM (SELECT * FROM jobs WHERE tenant_id = %(tenant_id)s AND status = 'queued'
         UNION ALL

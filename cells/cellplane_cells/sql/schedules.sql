@@ -9,10 +9,11 @@ SELECT now() AS now;
 -- already (or is making it: the insert waits for that one to commit).
 INSERT INTO schedules (schedule_id, tenant_id, kind, cron, run_at, time_zone, target, payload,
                        max_attempts, misfire_policy, max_catch_up_runs, dispatch_window_seconds,
-                       dispatch_offset, state, next_at, dispatch_at, create_key, create_hash)
+                       dispatch_offset, priority, state, next_at, dispatch_at, create_key,
+                       create_hash)
 VALUES (%(schedule_id)s, %(tenant_id)s, %(kind)s, %(cron)s, %(run_at)s, %(time_zone)s, %(target)s,
         %(payload)s, %(max_attempts)s, %(misfire_policy)s, %(max_catch_up_runs)s,
-        %(dispatch_window_seconds)s, %(dispatch_offset)s, %(state)s, %(next_at)s,
+        %(dispatch_window_seconds)s, %(dispatch_offset)s, %(priority)s, %(state)s, %(next_at)s,
         %(next_at)s::timestamptz + %(dispatch_offset)s::interval, %(create_key)s, %(create_hash)s)
 ON CONFLICT (tenant_id, create_key) WHERE create_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -51,6 +52,7 @@ UPDATE schedules
        target = %(target)s, payload = %(payload)s, max_attempts = %(max_attempts)s,
        misfire_policy = %(misfire_policy)s, max_catch_up_runs = %(max_catch_up_runs)s,
        dispatch_window_seconds = %(dispatch_window_seconds)s, dispatch_offset = %(dispatch_offset)s,
+       priority = %(priority)s,
        state = %(state)s, next_at = %(next_at)s,
        dispatch_at = %(next_at)s::timestamptz + %(dispatch_offset)s::interval, updated_at = now()
  WHERE tenant_id = %(tenant_id)s AND schedule_id = %(schedule_id)s
@@ -87,7 +89,7 @@ SELECT r.scheduled_for, r.idempotency_key, r.dispatched_at, r.job_id, j.status, 
 -- passed over. Schedules of tenants that are paused, moving or gone wait.
 SELECT s.schedule_id, s.tenant_id, s.kind, s.cron, s.run_at, s.time_zone, s.target, s.payload,
        s.max_attempts, s.misfire_policy, s.max_catch_up_runs, s.dispatch_offset, s.next_at,
-       now() AS now
+       s.priority, now() AS now
   FROM schedules s JOIN tenants t USING (tenant_id)
  WHERE s.state = 'active' AND s.dispatch_at <= now() AND t.state = 'active'
  ORDER BY s.dispatch_at
@@ -104,9 +106,12 @@ RETURNING job_id;
 
 -- name: insert_scheduled_job
 -- Queued now: run_after defaults to now(), which is at or after the
--- occurrence's dispatch time, itself at or after its scheduled time.
-INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, max_attempts, estimate)
-VALUES (%(job_id)s, %(tenant_id)s, 'queued', %(target)s, 1, %(payload)s, %(max_attempts)s, 0);
+-- occurrence's dispatch time, itself at or after its scheduled time. The job
+-- is in the schedule's priority class.
+INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, max_attempts, estimate,
+                  priority)
+VALUES (%(job_id)s, %(tenant_id)s, 'queued', %(target)s, 1, %(payload)s, %(max_attempts)s, 0,
+        %(priority)s);
 
 -- name: insert_scheduled_step
 -- The run's key, the same on every try of this run, is what the target sees.

@@ -57,11 +57,12 @@ ON CONFLICT (tenant_id, url) DO NOTHING;
 -- A job that was running in the source runs again here from its first
 -- unfinished step, under a new claim epoch.
 INSERT INTO jobs (job_id, tenant_id, status, target, step_count, payload, attempts, max_attempts,
-                  estimate, run_after, expires_at, claim_epoch, claimed_by, lease_until,
+                  estimate, priority, run_after, expires_at, claim_epoch, claimed_by, lease_until,
                   cancel_requested, redriven_from, redriven_to, last_error, error_code,
                   created_at, started_at, finished_at)
 SELECT job_id, tenant_id, 'queued', target, step_count, payload, attempts, max_attempts,
-       estimate, run_after, expires_at, claim_epoch + 1, NULL, NULL, cancel_requested,
+       estimate, coalesce(priority, 'DEFAULT'), run_after, expires_at, claim_epoch + 1, NULL,
+       NULL, cancel_requested,
        redriven_from, redriven_to, last_error, error_code, created_at, started_at, NULL
   FROM json_populate_recordset(null::jobs, %(rows)s::json)
 ON CONFLICT (job_id) DO NOTHING;

@@ -1,4 +1,5 @@
-"""The objects the operator has seen, as kopf's watch delivered them, and who to wake on change."""
+"""The objects the operator has seen, parsed once as kopf's watch delivered them, and who to
+wake on change."""
 
 from __future__ import annotations
 
@@ -7,51 +8,49 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cellplane_operator.placement.records import TenantKey
+from cellplane_operator.runtime.objects import CellObject, MoveObject, TenantObject
 
 __all__ = ["ObjectCache"]
 
 
 @dataclass
 class ObjectCache:
-    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tenants: dict[TenantKey, dict[str, Any]] = field(default_factory=dict)
-    on_cell: list[Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None]] = field(
+    cells: dict[str, CellObject] = field(default_factory=dict)
+    tenants: dict[TenantKey, TenantObject] = field(default_factory=dict)
+    on_cell: list[Callable[[str, CellObject | None, CellObject | None], None]] = field(
         default_factory=list)
-    """Called with (name, the body before, the body now); None for absent."""
+    """Called with (name, the cell before, the cell now); None for absent."""
     on_tenant: list[Callable[[TenantKey], None]] = field(default_factory=list)
-    moves: dict[TenantKey, dict[str, Any]] = field(default_factory=dict)
+    moves: dict[TenantKey, MoveObject] = field(default_factory=dict)
     """TenantMoves by (namespace, name): the same key shape as tenants."""
     on_move: list[Callable[[TenantKey], None]] = field(default_factory=list)
 
     def observe_cell(self, event_type: str | None, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        current: dict[str, Any] | None
+        cell = CellObject.from_body(body)
+        current: CellObject | None
         if event_type == "DELETED":
-            before = self.cells.pop(name, None)
+            before = self.cells.pop(cell.name, None)
             current = None
         else:
-            before = self.cells.get(name)
-            self.cells[name] = body
-            current = body
+            before = self.cells.get(cell.name)
+            self.cells[cell.name] = current = cell
         for callback in self.on_cell:
-            callback(name, before, current)
+            callback(cell.name, before, current)
 
     def observe_tenant(self, event_type: str | None, body: dict[str, Any]) -> None:
-        meta = body["metadata"]
-        key = TenantKey(meta["namespace"], meta["name"])
+        tenant = TenantObject.from_body(body)
         if event_type == "DELETED":
-            self.tenants.pop(key, None)
+            self.tenants.pop(tenant.key, None)
         else:
-            self.tenants[key] = body
+            self.tenants[tenant.key] = tenant
         for callback in self.on_tenant:
-            callback(key)
+            callback(tenant.key)
 
     def observe_move(self, event_type: str | None, body: dict[str, Any]) -> None:
-        meta = body["metadata"]
-        key = TenantKey(meta["namespace"], meta["name"])
+        move = MoveObject.from_body(body)
         if event_type == "DELETED":
-            self.moves.pop(key, None)
+            self.moves.pop(move.key, None)
         else:
-            self.moves[key] = body
+            self.moves[move.key] = move
         for callback in self.on_move:
-            callback(key)
+            callback(move.key)

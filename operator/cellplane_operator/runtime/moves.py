@@ -70,6 +70,7 @@ from cellplane_operator.ownership.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import Stored, TenantKey
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.movecopy import TABLES, CellEnd, TenantCopy
+from cellplane_operator.runtime.objects import MoveObject, body_of
 from cellplane_operator.runtime.specs import TenantSettings
 from cellplane_operator.runtime.tenants import TenantController, dedicated_to
 
@@ -161,17 +162,18 @@ class MoveController:
 
     def move_changed(self, key: TenantKey) -> None:
         count_moves((body.get("status") or {}).get("phase")
-                    for body in self._ctx.cache.moves.values())
+                    for body in (m.body for m in self._ctx.cache.moves.values()))
         self._ended.discard(key)
         self._wakes.setdefault(key, asyncio.Event()).set()
         if self._leadership.leading:
             self._ensure_task(key)
-            if tenant := _spec(self._ctx.cache.moves.get(key) or {}).get("tenant"):
+            if tenant := _spec(body_of(self._ctx.cache.moves.get(key)) or {}).get("tenant"):
                 # The Tenant's Moving condition follows the move's phase.
                 self._tenants.tenant_changed(TenantKey(key.namespace, str(tenant)))
 
     def tenant_changed(self, key: TenantKey) -> None:
-        for move_key, body in list(self._ctx.cache.moves.items()):
+        for move_key, found in list(self._ctx.cache.moves.items()):
+            body = found.body
             if move_key.namespace == key.namespace and _spec(body).get("tenant") == key.name:
                 self.move_changed(move_key)
 
@@ -206,7 +208,7 @@ class MoveController:
         run = _Run()
         backoff = 0.5
         while self._leadership.leading:
-            body = self._ctx.cache.moves.get(key)
+            body = body_of(self._ctx.cache.moves.get(key))
             if body is None:
                 return
             wake = self._wakes.setdefault(key, asyncio.Event())
@@ -342,7 +344,7 @@ class MoveController:
                                None)
             return
         tenant_key = TenantKey(key.namespace, spec.tenant)
-        tenant_body = self._ctx.cache.tenants.get(tenant_key)
+        tenant_body = body_of(self._ctx.cache.tenants.get(tenant_key))
         stored = self._tenants.record(tenant_key)
         if tenant_body is None:
             await self._refuse(body, Refused(RefusalReason.NOT_PLACED,
@@ -370,7 +372,7 @@ class MoveController:
         if isinstance(outcome, Refused) and dedicated \
                 and outcome.reason is RefusalReason.NO_SUCH_CELL:
             region = spec.target_region or self._region_of(source) or tenant.home_region
-            like = (self._ctx.cache.cells.get(source or "") or {}).get("spec")
+            like = (body_of(self._ctx.cache.cells.get(source or "")) or {}).get("spec")
             await self._tenants.ensure_dedicated_cell(tenant_body, tenant, target_name,
                                                       max_running, region, like)
             outcome = Refused(RefusalReason.NOT_READY,
@@ -405,7 +407,7 @@ class MoveController:
             end.admin, end.token, tenant.targets, [url for url, _ in tenant.webhooks]))
 
     def _region_of(self, cell: str | None) -> str | None:
-        body = self._ctx.cache.cells.get(cell or "")
+        body = body_of(self._ctx.cache.cells.get(cell or ""))
         region = ((body or {}).get("spec") or {}).get("region")
         return str(region) if region else None
 
@@ -414,7 +416,7 @@ class MoveController:
         copy, is deleted once ``retainSourceForSeconds`` has passed since completion."""
         status = body.get("status") or {}
         source = str(status.get("sourceCell") or "")
-        cell = self._ctx.cache.cells.get(source)
+        cell = body_of(self._ctx.cache.cells.get(source))
         meta = body["metadata"]
         tenant = _spec(body).get("tenant")
         if cell is None or dedicated_to(cell) != (meta["namespace"], tenant):
@@ -452,7 +454,7 @@ class MoveController:
     def _other_moves(self, key: TenantKey, body: dict[str, Any], tenant: str) -> tuple[str, ...]:
         """Moves of the same tenant that went first (``domain/moves.moves_ahead``)."""
         others = [_queued(other_key.name, other)
-                  for other_key, other in self._ctx.cache.moves.items()
+                  for other_key, other in ((k, m.body) for k, m in self._ctx.cache.moves.items())
                   if other_key != key and other_key.namespace == key.namespace
                   and _spec(other).get("tenant") == tenant]
         return moves_ahead(_queued(key.name, body), others)
@@ -499,7 +501,7 @@ class MoveController:
     async def _cell_gone(self, cell: str) -> bool:
         """Is the Cell deleted or being deleted? The watch's copy says no at once; a yes is
         asked of the apiserver, as a new leader's watch may not have delivered it yet."""
-        found = self._ctx.cache.cells.get(cell)
+        found = body_of(self._ctx.cache.cells.get(cell))
         if found is None or found["metadata"].get("deletionTimestamp"):
             found = await self._ctx.kube.get(CELLS, cell)
         return found is None or bool(found["metadata"].get("deletionTimestamp"))
@@ -564,7 +566,7 @@ class MoveController:
         uid, see ``_admit``) if it holds no tenant; its name, if a deletion was asked."""
         meta = body["metadata"]
         owner = (meta["namespace"], _spec(body).get("tenant"))
-        for name, cell in list(self._ctx.cache.cells.items()):
+        for name, cell in [(n, c.body) for n, c in self._ctx.cache.cells.items()]:
             if made_for_move(name, str(meta["uid"])) and dedicated_to(cell) == owner \
                     and await self._tenants.delete_unused_cell(name):
                 return name
@@ -577,7 +579,7 @@ class MoveController:
             now = self._ctx.clock.monotonic()
             if run.failing_since is None:
                 run.failing_since = now
-            body = self._ctx.cache.moves.get(key)
+            body = body_of(self._ctx.cache.moves.get(key))
             status = (body or {}).get("status") or {}
             phase = MovePhase(status.get("phase") or MovePhase.PENDING.value)
             if body is None or phase is MovePhase.PENDING or phase in TERMINAL_PHASES:
@@ -611,7 +613,7 @@ class MoveController:
         return run.copy
 
     async def _cell_end(self, cell: str) -> CellEnd:
-        body = self._ctx.cache.cells.get(cell)
+        body = body_of(self._ctx.cache.cells.get(cell))
         status = (body or {}).get("status") or {}
         admin = (status.get("endpoints") or {}).get("admin")
         if body is None or status.get("phase") not in SERVING_PHASES or not admin:
@@ -684,7 +686,7 @@ class MoveController:
                     return True
             if round_.rows == 0:
                 await asyncio.sleep(0.2)
-            body = self._ctx.cache.moves.get(key) or body
+            body = body_of(self._ctx.cache.moves.get(key)) or body
             with contextlib.suppress(ValidationError):
                 # A budget raised meanwhile counts at once (the spec's other fields are
                 # immutable).
@@ -898,7 +900,7 @@ class MoveController:
 
     def _cell_epochs(self, copy: TenantCopy) -> tuple[int, int]:
         def epoch(cell: str) -> int:
-            status = (self._ctx.cache.cells.get(cell) or {}).get("status") or {}
+            status = (body_of(self._ctx.cache.cells.get(cell)) or {}).get("status") or {}
             return int(status.get("epoch") or 0)
         return epoch(copy.source.cell), epoch(copy.target.cell)
 
@@ -941,13 +943,13 @@ class MoveController:
     def _check_abort(self, body: dict[str, Any]) -> None:
         """Between pages: an abort asked meanwhile ends the step so the next one aborts."""
         meta = body["metadata"]
-        current = self._ctx.cache.moves.get(TenantKey(meta["namespace"], meta["name"]))
+        current = body_of(self._ctx.cache.moves.get(TenantKey(meta["namespace"], meta["name"])))
         if current is None or _spec(current).get("abort") or current["metadata"].get(
                 "deletionTimestamp"):
             raise _AbortAsked
 
     def _tenant_deleting(self, key: TenantKey) -> bool:
-        body = self._ctx.cache.tenants.get(key)
+        body = body_of(self._ctx.cache.tenants.get(key))
         return body is None or bool(body["metadata"].get("deletionTimestamp"))
 
     # -- reporting -------------------------------------------------------------------
@@ -994,7 +996,7 @@ class MoveController:
         # The next step reads the phase it just wrote, not the watch's older copy.
         body["status"] = updated.get("status", status)
         body["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
-        self._ctx.cache.moves[TenantKey(meta["namespace"], meta["name"])] = body
+        self._ctx.cache.moves[TenantKey(meta["namespace"], meta["name"])] = MoveObject.from_body(body)
 
 
 def _record_view(stored: Stored) -> RecordView:

@@ -22,6 +22,7 @@ from cellplane_operator.clock import SystemClock
 from cellplane_operator.kube import KubeClient, KubeConfig
 from cellplane_operator.ownership.election import Leadership
 from cellplane_operator.runtime.cache import ObjectCache
+from cellplane_operator.runtime.objects import CellObject, body_of
 from cellplane_operator.runtime.cellsite import CellSiteRunner
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.moves import MoveController
@@ -89,9 +90,10 @@ class RegionRuntime:
         if self.ctx is not None:
             self.ctx.cache.observe_move(event_type, body)
 
-    def _cell_changed(self, name: str, _before: dict[str, Any] | None,
-                      body: dict[str, Any] | None) -> None:
+    def _cell_changed(self, name: str, _before: CellObject | None,
+                      cell_object: CellObject | None) -> None:
         assert self.ctx is not None
+        body = body_of(cell_object)
         running = self._sites.get(name)
         if body is None:
             # A cell of that name created later gets a new token.

@@ -47,6 +47,7 @@ from cellplane_operator.kube import CELLS, SECRETS, TENANTS
 from cellplane_operator.ownership.election import Leadership, NotLeaderError
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, Stored, TenantKey
 from cellplane_operator.runtime.context import FINALIZER, RegionContext
+from cellplane_operator.runtime.objects import CellObject, body_of
 from cellplane_operator.runtime.workqueue import WorkQueue
 from cellplane_operator.runtime.specs import CellSettings, TenantSettings
 
@@ -88,17 +89,17 @@ class TenantController:
     def tenant_changed(self, key: TenantKey) -> None:
         self._queue.changed(key)
 
-    def cell_changed(self, name: str, before: dict[str, Any] | None,
-                     body: dict[str, Any] | None) -> None:
+    def cell_changed(self, name: str, before: CellObject | None,
+                     cell: CellObject | None) -> None:
         """A cell's state moved: its tenants and every unplaced tenant may move on now.
 
         Only a change that placement or provisioning depends on (spec, phase,
         endpoints, deletion) wakes the tenants: a cell's status also changes with
         every standby lag reading, and waking thousands of tenants for that would
         be all cost and no effect."""
-        if body is not None:
+        if cell is not None:
             self.enqueue(CellKey(name))
-        if before is not None and body is not None and _placement_view(before) == _placement_view(body):
+        if before is not None and cell is not None and _placement_view(before) == _placement_view(cell):
             return
         for key, stored in list(self._records.items()):
             if stored.record.cell == name:
@@ -155,7 +156,7 @@ class TenantController:
     # -- tenants -------------------------------------------------------------------
 
     async def _reconcile(self, key: TenantKey) -> None:
-        body = self._ctx.cache.tenants.get(key)
+        body = body_of(self._ctx.cache.tenants.get(key))
         if body is None:
             return
         if body["metadata"].get("deletionTimestamp"):
@@ -190,7 +191,7 @@ class TenantController:
                                 epoch=record.epoch, tenant_id=record.tenant_id, quotas=quotas)
         if tenant.isolation is Tier.DEDICATED:
             await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running)
-        cell = self._ctx.cache.cells.get(record.cell)
+        cell = body_of(self._ctx.cache.cells.get(record.cell))
         endpoints = ((cell or {}).get("status") or {}).get("endpoints") or {}
         where = provisioning_cell(record.cell, None if cell is None else _tenant_cell(cell))
         if isinstance(where, WaitForTenantCell):
@@ -338,7 +339,8 @@ class TenantController:
 
     def _moves_under_way(self, key: TenantKey, *, described: bool = False) -> list[str]:
         found: list[str] = []
-        for (namespace, name), move in self._ctx.cache.moves.items():
+        for (namespace, name), move_object in self._ctx.cache.moves.items():
+            move = move_object.body
             status = move.get("status") or {}
             if namespace == key.namespace and (move.get("spec") or {}).get("tenant") == key.name \
                     and status.get("phase") in MOVING_PHASES:
@@ -352,7 +354,8 @@ class TenantController:
     def _candidates(self) -> list[CellCandidate]:
         loads = cell_loads([(s.record.cell, s.record.max_running) for s in self._records.values()])
         candidates: list[CellCandidate] = []
-        for name, body in self._ctx.cache.cells.items():
+        for name, found in self._ctx.cache.cells.items():
+            body = found.body
             cell = self._cell_settings(name, body)
             if cell is None or not _is_dns_label(name):
                 # A dotted name (allowed before the CRD refused it) can never be named in
@@ -505,7 +508,7 @@ class TenantController:
         stored = self._records.get(key)
         if stored is not None:
             record = stored.record
-            cell = self._ctx.cache.cells.get(record.cell)
+            cell = body_of(self._ctx.cache.cells.get(record.cell))
             if cell is not None:
                 status = cell.get("status") or {}
                 admin = (status.get("endpoints") or {}).get("admin")
@@ -542,14 +545,14 @@ class TenantController:
         went, so a failure here (the apiserver down, the deletion guard seeing an old
         count) is retried rather than forgotten."""
         names = {dedicated_cell_name(tenant.namespace, tenant.name)} | {
-            name for name, body in self._ctx.cache.cells.items()
-            if dedicated_to(body) == (tenant.namespace, tenant.name)}
+            name for name, found in self._ctx.cache.cells.items()
+            if dedicated_to(found.body) == (tenant.namespace, tenant.name)}
         for name in sorted(names):
             await self.delete_unused_cell(name)
 
     async def delete_unused_cell(self, name: str) -> bool:
         """Deletes a cell no placement record points at; True if a deletion was asked."""
-        cell = self._ctx.cache.cells.get(name)
+        cell = body_of(self._ctx.cache.cells.get(name))
         if cell is None or cell["metadata"].get("deletionTimestamp"):
             return False
         if any(s.record.cell == name for s in self._records.values()):
@@ -568,7 +571,7 @@ class TenantController:
     # -- cells -----------------------------------------------------------------------
 
     async def _reconcile_cell(self, key: CellKey) -> None:
-        body = self._ctx.cache.cells.get(key.name)
+        body = body_of(self._ctx.cache.cells.get(key.name))
         if body is None:
             return
         if not body["metadata"].get("deletionTimestamp"):
@@ -635,7 +638,7 @@ class TenantController:
         """The cell's tenants and slots in use, from the records, if its status differs."""
         tenants, slots = cell_loads([(s.record.cell, s.record.max_running)
                                      for s in self._records.values()]).get(cell, (0, 0))
-        body = self._ctx.cache.cells.get(cell)
+        body = body_of(self._ctx.cache.cells.get(cell))
         if body is None:
             return
         status = body.get("status") or {}
@@ -702,8 +705,7 @@ def _secret_name(tenant: TenantSettings) -> str:
     return f"{tenant.name}-api-key"
 
 
-def _placement_view(body: dict[str, Any]) -> tuple[Any, ...]:
-    status = body.get("status") or {}
-    return (body.get("spec"), status.get("phase"), status.get("endpoints"),
-            status.get("tenants"), status.get("slotsInUse"),
-            body["metadata"].get("deletionTimestamp"))
+def _placement_view(cell: CellObject) -> tuple[Any, ...]:
+    status = cell.status
+    return (cell.spec, cell.spec_problem, status.phase, status.endpoints, status.tenants,
+            status.slots_in_use, cell.meta.deleting)
