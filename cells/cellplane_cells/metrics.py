@@ -11,7 +11,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
     "WRITES_REJECTED", "CLAIMS", "SUBMISSIONS_REFUSED", "TENANT_REFUSALS", "STEP_CALLS",
-    "DELIVERIES", "SCHEDULE_DISPATCH_LAG", "CLAIM_LAG", "QueueCollector", "refuse_submission",
+    "DELIVERIES", "SCHEDULE_DISPATCH_LAG", "CLAIM_LAG", "TARGET_DEFERRALS", "QueueCollector",
+    "TargetLimitCollector", "refuse_submission",
 ]
 
 WRITES_REJECTED = Counter(
@@ -51,6 +52,14 @@ CLAIM_LAG = Histogram(
     "database's clock, per priority class: how long a class waited for a slot.",
     ["priority"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
+)
+
+TARGET_DEFERRALS = Counter(
+    "cellplane_cell_target_deferrals_total",
+    "Jobs sent back to the queue without an attempt because their target could not be "
+    "called: held by a Retry-After (held), its breaker open (open), or every slot its "
+    "limit gives taken (limit).",
+    ["reason"],
 )
 
 
@@ -93,3 +102,29 @@ def register_queue_collector(registry: CollectorRegistry, read_stats: Any) -> Qu
     collector = QueueCollector(read_stats)
     registry.register(collector)
     return collector
+
+
+class TargetLimitCollector(Collector):
+    """Per target, its AIMD limit and its calls in flight, read from the database at scrape time
+    (every worker of the cell shares them: no process's own view is the truth)."""
+
+    def __init__(self, read_limits: Any) -> None:
+        self._read_limits = read_limits
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["tenant", "target"]
+        limit = GaugeMetricFamily("cellplane_cell_target_concurrency_limit",
+                                  "A target's AIMD concurrency limit (a real number; the "
+                                  "calls allowed are its whole part).", labels=labels)
+        in_flight = GaugeMetricFamily("cellplane_cell_target_calls_in_flight",
+                                      "Calls to a target in flight, from every worker.",
+                                      labels=labels)
+        open_ = GaugeMetricFamily("cellplane_cell_target_breaker_open",
+                                  "1 while a target's circuit breaker is open, else 0.",
+                                  labels=labels)
+        for row in self._read_limits():
+            key = [str(row["tenant_id"]), str(row["target"])]
+            limit.add_metric(key, float(row["concurrency_limit"]))
+            in_flight.add_metric(key, float(row["in_flight"]))
+            open_.add_metric(key, 1.0 if row["breaker"] == "open" else 0.0)
+        yield from (limit, in_flight, open_)

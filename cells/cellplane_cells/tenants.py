@@ -200,7 +200,7 @@ class RemovalPolicy(str, Enum):
 PURGE_ORDER = (
     "purge_delivery_attempts", "purge_deliveries", "purge_outbox", "purge_job_steps",
     "purge_ledger", "purge_idempotency_keys", "purge_schedule_runs", "purge_schedules",
-    "purge_jobs", "purge_webhook_endpoints", "purge_targets", "purge_wallet", "purge_rate_bucket",
+    "purge_target_calls", "purge_target_limits", "purge_jobs", "purge_webhook_endpoints", "purge_targets", "purge_wallet", "purge_rate_bucket",
     "purge_tenant_changes", "purge_tenant",
 )
 """The statements of a purge (sql/removal.sql), rows that reference others first."""

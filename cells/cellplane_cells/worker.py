@@ -15,6 +15,11 @@ class with work gets its floor of this worker's slots, idle slots go to the
 highest class with work, and a borrowed slot is given back at the claim after
 its job ends. One claim round asks which classes have claimable work, then
 claims class by class until the decision has no slot left to fill.
+
+Each step's call takes a slot on its target first (``target_limits.py``): the
+target's AIMD limit, Retry-After hold and breaker are shared by every worker of
+the cell. A job that may not call its target now goes back to the queue
+without spending an attempt, and the call's answer moves the limit.
 """
 
 from __future__ import annotations
@@ -33,14 +38,16 @@ import httpx
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cellplane_cells import jobqueue, moves
+from cellplane_cells import jobqueue, moves, target_limits
 from cellplane_cells.db import ThreadedDatabase
+from cellplane_cells.domain.aimd import AimdPolicy
+from cellplane_cells.domain.breaker import BreakerPolicy
 from cellplane_cells.domain.priorities import Floors, Priority, next_claim
 from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_seconds
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
-from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, STEP_CALLS
+from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, STEP_CALLS, TARGET_DEFERRALS
 from cellplane_cells.queries import query
 
 __all__ = ["WorkerConfig", "Worker", "claim_round", "EPOCH_HEADER", "COST_HEADER"]
@@ -76,6 +83,11 @@ class WorkerConfig:
     """Interval of the sweep that purges moved-out tenants past their retention."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff of failed steps."""
+    target_limits: AimdPolicy = field(default_factory=AimdPolicy)
+    """How each target's concurrency limit moves with its answers (every worker of a cell
+    must be given the same)."""
+    target_breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    """When a target's circuit breaker opens, how long it cools down, how fast it ramps up."""
     floors: Floors | None = None
     """Slots reserved per priority class; None: ``Floors.default_for(slots)``."""
 
@@ -96,6 +108,10 @@ class _Running:
     call_sent: bool = False
     cancel_requested: bool = False
     claim_lost: bool = False
+    slot_decided: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the job's first call got a slot on its target, or did not."""
+    turned_away: bool = False
+    """The job went back to the queue without calling (its target held, open or full)."""
 
 
 class Worker:
@@ -106,6 +122,7 @@ class Worker:
         self._rng = rng or random.Random()
         self._wall_clock = wall_clock
         self._running: dict[Any, _Running] = {}
+        self._last_claimed: list[_Running] = []
         self._db = ThreadedDatabase(pool, component=f"worker {config.worker_id}")
         # Set when a job ends: the claim loop's pause ends with it, so a freed
         # slot goes to the highest class with work now, not at the next poll.
@@ -130,11 +147,13 @@ class Worker:
         except NotWritableError:
             return []
         tasks = []
+        self._last_claimed = []
         for job in jobs:
             CLAIMS.labels(job.tenant_id).inc()
             CLAIM_LAG.labels(job.priority.value).observe(max(job.waited_seconds, 0.0))
             running = _Running(job)
             self._running[job.job_id] = running
+            self._last_claimed.append(running)
             running.task = asyncio.create_task(self._supervise(running))
             tasks.append(running.task)
         return tasks
@@ -162,6 +181,10 @@ class Worker:
                     started = []
                 if not started:
                     await self._pause(stop)
+                elif await self._only_turned_away(self._last_claimed):
+                    # Every job of the claim went back unrun (their ends do not count as
+                    # freed slots): claiming again at once would only claim more of them.
+                    await self._pause(stop)
         finally:
             reaper.cancel()
             for running in list(self._running.values()):
@@ -169,6 +192,18 @@ class Worker:
                     running.task.cancel()
             await asyncio.gather(*(r.task for r in self._running.values() if r.task),
                                  return_exceptions=True)
+
+    async def _only_turned_away(self, claimed: list[_Running]) -> bool:
+        """Did every job of the last claim go back unrun because its target could not take it?
+
+        Then the loop pauses as after an empty claim: a deep queue for one full or
+        held target would otherwise be claimed and turned away as fast as it runs."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.slot_decided.wait() for r in claimed)),
+                                   timeout=self._config.poll_seconds * 4)
+        except asyncio.TimeoutError:
+            return False
+        return bool(claimed) and all(r.turned_away for r in claimed)
 
     async def _pause(self, stop: asyncio.Event) -> None:
         """Until the poll interval passes, a job ends (its slot is free) or stop is asked."""
@@ -231,9 +266,12 @@ class Worker:
         except Exception:
             log.exception("job %s failed inside the worker", running.job.job_id)
         finally:
+            running.slot_decided.set()
             beat.cancel()
             self._running.pop(running.job.job_id, None)
-            self._slot_freed.set()
+            if not running.turned_away:
+                # A job turned away by its target frees no slot worth claiming for.
+                self._slot_freed.set()
 
     async def _heartbeat(self, running: _Running, work: asyncio.Task[None]) -> None:
         while not work.done():
@@ -281,31 +319,44 @@ class Worker:
                 TIMESTAMP_HEADER: str(timestamp),
                 SIGNATURE_HEADER: sign(secret, body, timestamp=timestamp),
             }
+            slot = await self._take_slot(job)
+            running.turned_away = slot is None and not running.slot_decided.is_set()
+            running.slot_decided.set()
+            if slot is None:
+                return      # deferred (not an attempt), or the claim is gone
             started = time.monotonic()
-            status: int | None = None
-            retry_after: float | None = None
             try:
                 running.call_sent = True
                 response = await self._http.post(url, content=body, headers=headers,
                                                  timeout=self._config.call_timeout_seconds)
-                status = response.status_code
-                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
             except EgressRefused as refused:
                 # The URL policy refused the target's address (a row that came by import
                 # or a move, a tightened policy, a name that resolves elsewhere now):
                 # nothing was sent, and asking again would be refused again.
+                await self._give_back(job, slot, None)
                 STEP_CALLS.labels("refused").observe(time.monotonic() - started)
                 await self._db(jobqueue.release, job, permanent=True, delay_seconds=0,
                                error=f"step {step.step}: {refused}", error_code="target_refused")
                 return
             except httpx.HTTPError as error:
-                STEP_CALLS.labels("error").observe(time.monotonic() - started)
-                await self._fail(job, None, f"step {step.step}: {type(error).__name__}: {error}", None)
+                # A pool timeout is this client's own queue, not the target's answer.
+                timed_out = isinstance(error, httpx.TimeoutException) \
+                    and not isinstance(error, httpx.PoolTimeout)
+                closed = await self._give_back(job, slot,
+                                               target_limits.Answer(None, timed_out=timed_out))
+                STEP_CALLS.labels("timeout" if timed_out else "error").observe(
+                    time.monotonic() - started)
+                await self._fail(job, None, f"step {step.step}: {type(error).__name__}: {error}",
+                                 None, target_closed_seconds=closed)
                 return
+            status = response.status_code
+            retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+            closed = await self._give_back(job, slot, target_limits.Answer(
+                status, retry_after_seconds=retry_after))
             STEP_CALLS.labels(str(status)).observe(time.monotonic() - started)
             if not 200 <= status < 300:
                 await self._fail(job, status, f"step {step.step}: target answered {status}",
-                                 retry_after)
+                                 retry_after, target_closed_seconds=closed)
                 return
             result = _result_of(response)
             cost += _cost_of(response)
@@ -316,12 +367,39 @@ class Worker:
             previous = result
         await self._db(jobqueue.complete, job, cost=cost)
 
+    async def _take_slot(self, job: jobqueue.ClaimedJob) -> target_limits.Slot | None:
+        """A slot on the job's target; None when the job was deferred instead (or is gone)."""
+        try:
+            taken = await self._db(target_limits.take_slot, job,
+                                   policy=self._config.target_limits,
+                                   breaker_policy=self._config.target_breaker,
+                                   busy_wait_scale=0.5 + self._rng.random())
+        except target_limits.UnknownTarget as unknown:
+            await self._db(jobqueue.release, job, permanent=True, delay_seconds=0,
+                           error=str(unknown), error_code="target_unknown")
+            return None
+        if isinstance(taken, target_limits.Deferred):
+            TARGET_DEFERRALS.labels(taken.reason.value).inc()
+            log.debug("job %s deferred until %s: target %s %s", job.job_id, taken.until,
+                      job.target, taken.reason.value)
+            return None
+        return taken
+
+    async def _give_back(self, job: jobqueue.ClaimedJob, slot: target_limits.Slot,
+                         answer: target_limits.Answer | None) -> float:
+        """Frees the slot; returns how long the target stays closed to every job (0: not)."""
+        return await self._db(target_limits.give_back, job, slot, answer,
+                       policy=self._config.target_limits,
+                       breaker_policy=self._config.target_breaker)
+
     async def _fail(self, job: jobqueue.ClaimedJob, status: int | None, error: str,
-                    retry_after: float | None) -> None:
+                    retry_after: float | None, *, target_closed_seconds: float = 0.0) -> None:
         outcome = decide(attempt=job.attempts, status_code=status, policy=self._config.retry,
                          rng=self._rng, retry_after_seconds=retry_after)
+        # A retry before the target's hold or cool-down ends would only be deferred.
+        delay = max(outcome.delay_seconds, target_closed_seconds)
         await self._db(jobqueue.release, job, permanent=outcome.permanent,
-                       delay_seconds=outcome.delay_seconds, error=error,
+                       delay_seconds=delay, error=error,
                        error_code=outcome.error_code)
 
 

@@ -32,11 +32,13 @@ def _documented() -> dict[str, str]:
 
 def _defined() -> dict[str, str]:
     queue = cell_metrics.QueueCollector(lambda: [])
+    targets = cell_metrics.TargetLimitCollector(lambda: [])
     return {
         **_exposed(OPERATOR_REGISTRY.collect(), "cellplane_operator_"),
         **_exposed(ROUTER_REGISTRY.collect(), "cellplane_router_"),
         **_exposed(REGISTRY.collect(), "cellplane_cell_"),
         **_exposed(queue.collect(), "cellplane_cell_"),
+        **_exposed(targets.collect(), "cellplane_cell_"),
     }
 
 

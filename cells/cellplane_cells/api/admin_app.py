@@ -24,7 +24,7 @@ from cellplane_cells.api.errors import install_error_handlers
 from cellplane_cells.api.inputs import RequestBody, install_request_gates
 from cellplane_cells.domain.client_input import bearer_token
 from cellplane_cells.domain.plans import Plan
-from cellplane_cells.metrics import register_queue_collector
+from cellplane_cells.metrics import TargetLimitCollector, register_queue_collector
 from cellplane_cells.errors import (
     ConflictError, InvalidRequestError, NotFoundError, UnauthenticatedError,
 )
@@ -147,6 +147,12 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
     # queue gauges belong to this app's database, in a registry of its own.
     queue_registry = CollectorRegistry()
     register_queue_collector(queue_registry, read_stats)
+
+    def read_target_limits() -> list[dict[str, Any]]:
+        with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cursor:
+            return cursor.execute(query("target_limit_stats")).fetchall()
+
+    queue_registry.register(TargetLimitCollector(read_target_limits))
     conninfo = pool.conninfo if isinstance(pool.conninfo, str) else pool.conninfo()
     install_error_handlers(app)
     install_request_gates(app, body_limit=1024 * 1024, larger={"/move-in": MOVE_IN_BODY_LIMIT})

@@ -61,6 +61,14 @@ DELETE FROM schedule_runs WHERE tenant_id = %(tenant_id)s;
 -- name: purge_schedules
 DELETE FROM schedules WHERE tenant_id = %(tenant_id)s;
 
+-- name: purge_target_calls
+-- The tenant's calls in flight and its targets' limits (0011); the foreign
+-- keys would cascade, but a purge names every table it empties.
+DELETE FROM target_calls WHERE tenant_id = %(tenant_id)s;
+
+-- name: purge_target_limits
+DELETE FROM target_limits WHERE tenant_id = %(tenant_id)s;
+
 -- name: purge_jobs
 -- A worker still running one of these jobs finds it gone: its heartbeat and
 -- every later write are conditional on the job's row and change nothing.

@@ -16,7 +16,9 @@ import pytest
 
 from cellapi import Cell
 from cellfixtures import fetch, grant, write
-from cellplane_cells import jobqueue
+from cellplane_cells import jobqueue, target_limits
+from cellplane_cells.domain.aimd import AimdPolicy
+from cellplane_cells.domain.breaker import BreakerPolicy
 from cellplane_cells.queries import query
 
 CELL_LEVEL = {"placement_group", "schema_migrations"}
@@ -63,7 +65,7 @@ def count(conninfo: str, table: str) -> int:
 
 def populate(cell: Cell, tenant_id: str) -> dict[str, str]:
     """A tenant with a row in every table: quotas, bucket, wallet, target, webhook, jobs
-    queued, running and finished, their steps, ledger, keys, events, deliveries, attempts,
+    queued, running (one calling its target) and finished, their steps, ledger, keys, events, deliveries, attempts,
     a schedule and a run of it."""
     auth = cell.tenant(tenant_id, burst=20)
     # A move out under way: every later write of the tenant is captured.
@@ -78,9 +80,13 @@ def populate(cell: Cell, tenant_id: str) -> dict[str, str]:
         done = [j for j in jobqueue.claim(conn, worker="w", batch=50, lease_seconds=60)
                 if j.tenant_id == tenant_id]
         assert jobqueue.complete(conn, done[0], cost=5)
-        # Another one stays running: a purge must not wait for it.
-        assert [j.tenant_id for j in jobqueue.claim(conn, worker="w", batch=50, lease_seconds=60)
-                if j.tenant_id == tenant_id] == [tenant_id]
+        # Another one stays running, calling its target: a purge must not wait for it.
+        running = [j for j in jobqueue.claim(conn, worker="w", batch=50, lease_seconds=60)
+                   if j.tenant_id == tenant_id]
+        assert [j.tenant_id for j in running] == [tenant_id]
+        assert isinstance(target_limits.take_slot(conn, running[0], policy=AimdPolicy(),
+                                                  breaker_policy=BreakerPolicy()),
+                          target_limits.Slot)
         with conn.transaction():
             conn.execute(query("fan_out_events"), {"batch": 1000})
             endpoints = [row[0] for row in conn.execute(
