@@ -11,9 +11,18 @@ changing nothing; the cell's error shape carried in ``CellApiError`` as the HTTP
 raises it. A URL nobody added, or any call while ``unreachable``, fails as a connection
 error does (``status`` 0).
 
-Left out: the tenant API, jobs and wallets, and tenant moves: the move calls raise
-``NotImplementedError``; moves are tested against real cells (tests/integration), whose
-change capture and freeze live in their database. ``checksums`` names the real cell's tables and
+Tenant moves as a real cell answers them (cells/cellplane_cells/moves.py): the source's
+change capture from ``start_move_out`` (one sequence per cell; every write of the tenant's
+rows while a move captures is an entry), its scope paged by key, its changes read as the
+rows' current versions or deletions with what is left pending, the freeze (the tenant
+fence: a frozen or moved tenant's writes are refused as ``tenant_moving``), unfreeze,
+finish (moved, rows kept), cancel; the target's frozen copy created by the first batch
+that carries the tenant row, upserted, activated or removed; each step idempotent and
+refused with the real cell's codes out of order. The fake's rows are the tenant row, the
+wallet, targets and webhooks (no jobs); ``page_gate`` lets a test hold a copy mid-way.
+The freeze's time bound is not modelled (the fake takes no locks).
+
+Left out: the tenant API, jobs and wallets. ``checksums`` names the real cell's tables and
 counts what the fake holds (targets, webhooks, the wallet); its checksums are comparable
 between fakes only.
 """
@@ -24,7 +33,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,12 +63,26 @@ class FakeTenant:
     quotas: dict[str, Any]
     """The overrides it was last given (``max_running``...), as the PUT carried them."""
     api_key: str
-    active: bool = True
-    """False once deleted with retain: its rows stay, its key no longer works."""
     targets: dict[str, str] = field(default_factory=dict)
     """URL by target name."""
     webhooks: dict[str, tuple[str, int]] = field(default_factory=dict)
     """(secret, max concurrency) by URL."""
+    state: str = "active"
+    """``active``; ``retired`` once deleted with retain (its rows stay, its key no longer
+    works); ``frozen`` for a move (writes refused, in the source at its cutover, in the
+    target until activated); ``moved`` once moved out (read-only until purged)."""
+    move_id: str | None = None
+    """The move whose change capture (source) or copy (target) this is."""
+    epoch: int | None = None
+    """The tenant epoch a move last gave it (freeze, unfreeze, move in)."""
+    retain_seconds: int | None = None
+    """How long a moved-out tenant's rows stay (the real cell purges them then)."""
+    changes: list[tuple[int, str, str]] = field(default_factory=list)
+    """(seq, table, key) of every change while a move captures them."""
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
 
 
 @dataclass
@@ -73,6 +96,15 @@ class FakeCell:
     tenants: dict[str, FakeTenant] = field(default_factory=dict)
     unreachable: bool = False
     """While True the cell answers nothing, as a cell whose API is down."""
+    seq: int = 0
+    """The last change sequence number captured (one sequence per cell, as in its database)."""
+
+    def captured(self, tenant_id: str, table: str, key: str) -> None:
+        """A write of the tenant's ``table`` row ``key``: kept while a move captures."""
+        tenant = self.tenants[tenant_id]
+        if tenant.move_id is not None and tenant.state in ("active", "frozen"):
+            self.seq += 1
+            tenant.changes.append((self.seq, table, key))
 
 
 class InMemoryCells:
@@ -82,6 +114,9 @@ class InMemoryCells:
         """While True no cell answers (the operator's network to the cells is cut)."""
         self.requests: list[str] = []
         """``METHOD URL`` of every call that reached a cell, in order."""
+        self.page_gate: Callable[[FakeCell, str, str], Awaitable[None]] | None = None
+        """Awaited before each page of a move's bulk copy is read (cell, tenant, table):
+        a test holds a copy in the middle here."""
 
     def add(self, admin: str, *, token: str | None = None, allow_private: bool = False,
             resolve: Callable[[str], Iterable[str]] = public_resolver) -> FakeCell:
@@ -126,9 +161,11 @@ class InMemoryCells:
             cell.tenants[tenant_id] = FakeTenant(plan.value, quotas,
                                                  str(api_key or f"key-{secrets.token_hex(16)}"))
             return
-        known.plan, known.quotas, known.active = plan.value, quotas, True
+        _writable(known, "PUT", url)
+        known.plan, known.quotas, known.state = plan.value, quotas, "active"
         if api_key is not None:
             known.api_key = str(api_key)
+        cell.captured(tenant_id, "tenant", tenant_id)
 
     async def put_target(self, admin: str, token: str, tenant_id: str, name: str, url: str) -> None:
         where = f"{admin}/admin/v1/tenants/{tenant_id}/targets"
@@ -139,7 +176,9 @@ class InMemoryCells:
         refused = _refusals(cell, [("url", url)])
         if refused:
             raise _refusal("PUT", where, 422, "target_refused", f"{url}: {refused[0]['reason']}")
+        _writable(tenant, "PUT", where)
         tenant.targets[name] = url
+        cell.captured(tenant_id, "targets", name)
 
     async def put_webhook(self, admin: str, token: str, tenant_id: str, url: str, secret: str,
                           max_concurrency: int) -> None:
@@ -151,7 +190,9 @@ class InMemoryCells:
         refused = _refusals(cell, [("url", url)])
         if refused:
             raise _refusal("PUT", where, 422, "target_refused", f"{url}: {refused[0]['reason']}")
+        _writable(tenant, "PUT", where)
         tenant.webhooks[url] = (secret, max_concurrency)
+        cell.captured(tenant_id, "webhooks", url)
 
     async def put_endpoints(self, admin: str, token: str, tenant_id: str,
                             targets: Sequence[tuple[str, str]], webhooks: Sequence[tuple[str, int]],
@@ -174,10 +215,17 @@ class InMemoryCells:
         if refused:
             raise _refusal("PUT", where, 422, "target_refused", "; ".join(
                 f"{r['field']} ({r['url']}): {r['reason']}" for r in refused))
+        _writable(tenant, "PUT", where)
         removed = {"targets_removed": len(set(tenant.targets) - {n for n, _ in targets}),
                    "webhooks_removed": len(set(tenant.webhooks) - {u for u, _ in webhooks})}
+        before_targets, before_webhooks = tenant.targets, tenant.webhooks
         tenant.targets = dict(targets)
         tenant.webhooks = {u: (webhook_secret, c) for u, c in webhooks}
+        for table, before, after in (("targets", before_targets, tenant.targets),
+                                     ("webhooks", before_webhooks, tenant.webhooks)):
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) != after.get(key):
+                    cell.captured(tenant_id, table, key)
         return removed
 
     async def refused_endpoints(self, admin: str, token: str, targets: Sequence[tuple[str, str]],
@@ -193,7 +241,7 @@ class InMemoryCells:
         if purge:
             cell.tenants.pop(tenant_id, None)
         elif (tenant := cell.tenants.get(tenant_id)) is not None:
-            tenant.active = False
+            tenant.state = "retired"
 
     async def checksums(self, admin: str, token: str, tenant_id: str) -> dict[str, dict[str, Any]]:
         where = f"{admin}/admin/v1/tenants/{tenant_id}/checksums"
@@ -212,41 +260,163 @@ class InMemoryCells:
 
     async def start_move_out(self, admin: str, token: str, tenant_id: str, move_id: str
                              ) -> dict[str, int]:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-out"
+        cell = self._reach("POST", where, admin, token)
+        tenant = _tenant(cell, "POST", where, tenant_id)
+        if tenant.state in ("moved", "retired"):
+            raise _refusal("POST", where, 409, "tenant_not_movable",
+                           f"the tenant is {tenant.state} here and cannot move out")
+        if tenant.state == "frozen" and tenant.move_id != move_id:
+            raise _refusal("POST", where, 409, "tenant_not_movable",
+                           f"the tenant is frozen for move {tenant.move_id}")
+        if tenant.move_id != move_id:
+            # Another move's capture (or none): capture starts over for this one.
+            tenant.move_id, tenant.changes = move_id, []
+        return {table: len(rows) for table, rows in _scope(tenant_id, tenant).items()}
 
     async def move_out_rows(self, admin: str, token: str, tenant_id: str, table: str,
                             after: str | None, limit: int) -> tuple[list[Any], str | None]:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-out/rows"
+        cell = self._reach("GET", where, admin, token)
+        if table not in MOVE_TABLES:
+            raise _refusal("GET", where, 422, "invalid_table", f"no table {table!r} in a move")
+        if self.page_gate is not None:
+            await self.page_gate(cell, tenant_id, table)
+        rows = _scope(tenant_id, _tenant(cell, "GET", where, tenant_id))[table]
+        # The cursor is the last key sent, as the real cell's names the last row's key.
+        rest = [row for key, row in rows if after is None or key > after]
+        page = rest[:limit]
+        following = _row_key(table, page[-1]) if len(rest) > limit else None
+        return page, following
 
     async def move_out_changes(self, admin: str, token: str, tenant_id: str, after: int,
                                limit: int) -> dict[str, Any]:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-out/changes"
+        cell = self._reach("GET", where, admin, token)
+        tenant = _tenant(cell, "GET", where, tenant_id)
+        entries = [entry for entry in tenant.changes if entry[0] > after][:limit]
+        last_seq = entries[-1][0] if entries else after
+        scope = _scope(tenant_id, tenant)
+        rows: dict[str, list[Any]] = {}
+        deletes: dict[str, list[str]] = {}
+        for kind in MOVE_TABLES:
+            keys = sorted({key for _, k, key in entries if k == kind})
+            current = dict(scope[kind])
+            if found := [current[key] for key in keys if key in current]:
+                rows[kind] = found
+            if gone := [key for key in keys if key not in current]:
+                deletes[kind] = gone
+        pending = sum(1 for entry in tenant.changes if entry[0] > last_seq)
+        return {"rows": rows, "deletes": deletes, "last_seq": last_seq, "pending": pending}
 
     async def freeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
                               epoch: int, *, within_seconds: float | None = None) -> None:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-out:freeze"
+        tenant = _same_move(self._reach("POST", where, admin, token), "POST", where, tenant_id,
+                            move_id)
+        if tenant.state == "frozen":
+            return
+        if tenant.state != "active":
+            raise _refusal("POST", where, 409, "tenant_not_movable",
+                           f"the tenant is {tenant.state} here")
+        tenant.state, tenant.epoch = "frozen", epoch
 
     async def unfreeze_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
                                 epoch: int) -> None:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-out:unfreeze"
+        tenant = _same_move(self._reach("POST", where, admin, token), "POST", where, tenant_id,
+                            move_id)
+        if tenant.state == "active":
+            return
+        if tenant.state != "frozen":
+            raise _refusal("POST", where, 409, "tenant_not_movable",
+                           f"the tenant is {tenant.state} here")
+        tenant.state, tenant.epoch = "active", epoch
 
     async def finish_move_out(self, admin: str, token: str, tenant_id: str, move_id: str,
                               retain_seconds: int) -> None:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-out:finish"
+        tenant = _same_move(self._reach("POST", where, admin, token), "POST", where, tenant_id,
+                            move_id)
+        if tenant.state == "moved":
+            return
+        # Active too: the move is committed when this is asked (see the real cell's
+        # plan_finish); the tenant is fenced here from now on, whatever it was.
+        if tenant.state not in ("frozen", "active"):
+            raise _refusal("POST", where, 409, "tenant_not_frozen",
+                           f"a {tenant.state} tenant cannot finish a move out")
+        tenant.state, tenant.retain_seconds, tenant.changes = "moved", retain_seconds, []
 
     async def cancel_move_out(self, admin: str, token: str, tenant_id: str, move_id: str) -> None:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-out"
+        cell = self._reach("DELETE", where, admin, token)
+        tenant = cell.tenants.get(tenant_id)
+        if tenant is None or tenant.move_id != move_id:
+            return
+        if tenant.state == "moved":
+            raise _refusal("DELETE", where, 409, "move_finished",
+                           "the move has finished: the tenant lives in its new cell")
+        tenant.move_id, tenant.changes = None, []
+        if tenant.state == "frozen":
+            tenant.state = "active"
 
     async def move_in(self, admin: str, token: str, tenant_id: str, move_id: str, epoch: int, *,
                       rows: dict[str, list[Any]], deletes: dict[str, list[Any]] | None = None
                       ) -> dict[str, int]:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-in"
+        cell = self._reach("POST", where, admin, token)
+        deletes = deletes or {}
+        if unknown := (set(rows) | set(deletes)) - set(MOVE_TABLES):
+            raise _refusal("POST", where, 409, "invalid_bundle",
+                           f"unknown tables in the batch: {sorted(unknown)}")
+        refused = _refusals(cell, [*((f"targets[{i}].url", r["url"])
+                                     for i, r in enumerate(rows.get("targets") or [])),
+                                   *((f"webhooks[{i}].url", r["url"])
+                                     for i, r in enumerate(rows.get("webhooks") or []))])
+        if refused:
+            raise _refusal("POST", where, 422, "target_refused", "; ".join(
+                f"{r['field']} ({r['url']}): {r['reason']}" for r in refused))
+        if any(r.get("tenant_id", tenant_id) != tenant_id for batch in rows.values() for r in batch):
+            raise _refusal("POST", where, 409, "invalid_bundle",
+                           "the batch carries rows of another tenant")
+        tenant = cell.tenants.get(tenant_id)
+        tenant_rows = rows.get("tenant") or []
+        if tenant is None or tenant.state != "frozen" or tenant.move_id != move_id:
+            if tenant is not None and tenant.state not in ("moved", "retired"):
+                raise _refusal("POST", where, 409, "tenant_exists",
+                               f"the tenant is already here ({tenant.state}, move "
+                               f"{tenant.move_id!r})")
+            if not tenant_rows:
+                raise _refusal("POST", where, 409, "invalid_bundle",
+                               "the first batch of a move in must carry the tenant row")
+            # Created frozen (a copy left by an earlier move is replaced).
+            tenant = cell.tenants[tenant_id] = FakeTenant(
+                "", {}, "", state="frozen", move_id=move_id, epoch=epoch)
+        return _apply(tenant, rows, deletes)
 
     async def activate_move_in(self, admin: str, token: str, tenant_id: str, move_id: str) -> None:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-in:activate"
+        tenant = _same_move(self._reach("POST", where, admin, token), "POST", where, tenant_id,
+                            move_id)
+        if tenant.state == "active":
+            return
+        if tenant.state != "frozen":
+            raise _refusal("POST", where, 409, "tenant_not_frozen",
+                           f"the tenant is {tenant.state} here")
+        tenant.state = "active"
 
     async def cancel_move_in(self, admin: str, token: str, tenant_id: str, move_id: str) -> None:
-        raise _no_moves()
+        where = f"{admin}/admin/v1/tenants/{tenant_id}/move-in"
+        cell = self._reach("DELETE", where, admin, token)
+        tenant = cell.tenants.get(tenant_id)
+        if tenant is None or tenant.state in ("moved", "retired"):
+            return
+        if tenant.state == "frozen" and tenant.move_id == move_id:
+            del cell.tenants[tenant_id]
+            return
+        raise _refusal("DELETE", where, 409, "tenant_active",
+                       f"the tenant is {tenant.state} here (move {tenant.move_id!r}); not this "
+                       "move's copy to remove")
 
     async def close(self) -> None:
         return None
@@ -310,6 +480,58 @@ def _check_webhook(method: str, url: str, secret: str, max_concurrency: int) -> 
         raise _refusal(method, url, 422, "invalid_request", "the request does not match the schema")
 
 
-def _no_moves() -> NotImplementedError:
-    return NotImplementedError("the in-memory cells do not model tenant moves (change capture, "
-                               "freeze, copy): moves are tested against real cells")
+MOVE_TABLES = ("tenant", "wallet", "rate_bucket", "targets", "webhooks", "jobs", "steps",
+               "ledger", "idempotency_keys", "outbox")
+"""The real cell's tables of a move, in the order a target applies them."""
+
+
+def _writable(tenant: FakeTenant, method: str, url: str) -> None:
+    """The tenant fence: a tenant frozen for a move, or moved out, takes no writes."""
+    if tenant.state in ("frozen", "moved"):
+        raise _refusal(method, url, 503, "tenant_moving",
+                       f"the tenant is {tenant.state} for a move; writes are refused here")
+
+
+def _same_move(cell: FakeCell, method: str, url: str, tenant_id: str,
+               move_id: str) -> FakeTenant:
+    tenant = _tenant(cell, method, url, tenant_id)
+    if tenant.move_id != move_id:
+        raise _refusal(method, url, 409, "move_mismatch",
+                       f"the tenant's move here is {tenant.move_id!r}, not {move_id!r}")
+    return tenant
+
+
+def _scope(tenant_id: str, tenant: FakeTenant) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """The tenant's rows per move table as (key, row), by key: what a move copies."""
+    scope: dict[str, list[tuple[str, dict[str, Any]]]] = {table: [] for table in MOVE_TABLES}
+    scope["tenant"] = [(tenant_id, {"tenant_id": tenant_id, "plan": tenant.plan,
+                                    "quotas": dict(tenant.quotas), "api_key": tenant.api_key})]
+    scope["wallet"] = [(tenant_id, {"tenant_id": tenant_id})]
+    scope["targets"] = [(name, {"tenant_id": tenant_id, "name": name, "url": url})
+                        for name, url in sorted(tenant.targets.items())]
+    scope["webhooks"] = [(url, {"tenant_id": tenant_id, "url": url, "secret": secret,
+                                "max_concurrency": concurrency})
+                         for url, (secret, concurrency) in sorted(tenant.webhooks.items())]
+    return scope
+
+
+def _row_key(table: str, row: dict[str, Any]) -> str:
+    return str(row["name"] if table == "targets" else row["url"] if table == "webhooks"
+               else row["tenant_id"])
+
+
+def _apply(tenant: FakeTenant, rows: dict[str, list[Any]],
+           deletes: dict[str, list[Any]]) -> dict[str, int]:
+    """Upserts one batch of a move into the target's frozen copy; rows applied per table."""
+    for key in deletes.get("targets") or []:
+        tenant.targets.pop(str(key), None)
+    for key in deletes.get("webhooks") or []:
+        tenant.webhooks.pop(str(key), None)
+    for row in rows.get("tenant") or []:
+        tenant.plan, tenant.quotas, tenant.api_key = row["plan"], dict(row["quotas"]), \
+            row["api_key"]
+    for row in rows.get("targets") or []:
+        tenant.targets[row["name"]] = row["url"]
+    for row in rows.get("webhooks") or []:
+        tenant.webhooks[row["url"]] = (row["secret"], int(row["max_concurrency"]))
+    return {table: len(batch) for table, batch in rows.items() if batch}
