@@ -86,8 +86,8 @@ async def test_a_tenant_copied_between_two_fake_cells_ends_equal_and_served_by_t
                       target=CellEnd("b", OTHER, TOKEN), target_epoch=2, clock=SystemClock())
     assert (await copy.start())["targets"] == 1
 
-    async def page(rows: int) -> None:
-        return None
+    async def page(rows: int) -> bool:
+        return True
     for table in TABLES:
         await copy.copy_table(table, page)
     await cells.put_target(ADMIN, TOKEN, "t1", "b", "http://127.0.0.1:9/b")
@@ -115,8 +115,8 @@ async def test_a_cancelled_move_leaves_the_source_serving_and_the_target_empty()
                       target=CellEnd("b", OTHER, TOKEN), target_epoch=2, clock=SystemClock())
     await copy.start()
 
-    async def page(rows: int) -> None:
-        return None
+    async def page(rows: int) -> bool:
+        return True
     await copy.copy_table("tenant", page)
     await copy.freeze_source()
     await copy.discard()
