@@ -144,6 +144,28 @@ async def test_an_abort_during_the_copy_leaves_the_tenant_in_its_source(plane: P
     assert tenant_id not in target.tenants
 
 
+async def test_a_copy_that_does_not_verify_fails_the_move_and_leaves_the_tenant_in_its_source(
+        plane: Plane) -> None:
+    await plane.operator()
+    source, target, tenant_id = await placed_in_a1(plane)
+
+    async def tamper(cell: FakeCell, tenant: str, table: str) -> None:
+        # After the targets are across: a copy bug's leftover, never sent again.
+        if table == "jobs" and tenant in target.tenants:
+            target.tenants[tenant].targets["default"] = "http://127.0.0.1:9/tampered"
+    plane.cells.page_gate = tamper
+    await plane.create_move("to-a2", NS, "acme", targetCell="a2")
+    status = await move_where(plane, "to-a2", "Failed", in_phase("Failed", "Completed"))
+
+    failed = condition(status, "Completed")
+    assert (status["phase"], failed["reason"]) == ("Failed", "VerificationFailed")
+    assert "targets" in failed["message"] and "stays in cell a1" in failed["message"]
+    assert await record(plane) == ("a1", 1, False)
+    kept = source.tenants[tenant_id]
+    assert (kept.state, kept.move_id, kept.targets) == ("active", None, {"default": TARGET})
+    assert tenant_id not in target.tenants
+
+
 async def test_a_target_that_refuses_the_tenants_urls_fails_the_move_with_the_reason(
         plane: Plane) -> None:
     await plane.operator()
