@@ -108,6 +108,10 @@ class MoveRun:
     failing_since: float | None = None
     """The clock's monotonic reading at the first of the steps failing in a row; None: the
     last one passed."""
+    discarding: TenantCopy | None = None
+    """A copy a takeover made the move give up, not dropped by the cells yet."""
+    discard_why: str = ""
+    discard_tries: int = 0
     late_freeze: tuple[asyncio.Task[None], TenantCopy, int] | None = None
     """A freeze given up on at its deadline whose answer has not come: the cell may still
     apply it, so the source is unfrozen once more when it answers."""

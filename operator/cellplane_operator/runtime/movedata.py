@@ -17,7 +17,6 @@ verification should have to find; a fresh copy has none.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from cellplane_operator.domain.move_copy import (
@@ -44,8 +43,8 @@ _COPY_SLICE_SECONDS = 1.0
 _RETIME_CHECKSUMS_SECONDS = 5.0
 """How often a move whose verification does not fit its budget times the checksums again."""
 _DISCARD_TRIES = 60
-"""A takeover's old copy is asked to be dropped once a second, up to this many times (the
-new primary may take a few seconds to serve)."""
+"""A takeover's old copy is asked to be dropped once a second (one try per reconcile), up
+to this many times."""
 
 
 class ReadyToCutOver:
@@ -185,24 +184,31 @@ class MoveData:
             await self._support.event(move, "Warning", "PauseOverBudget", message)
 
     async def copy_again(self, move: Move, run: MoveRun, why: str) -> StepOutcome:
-        """Both ends forget this copy; the next step copies from the start."""
+        """Both ends forget this copy; the move copies from the start once it is dropped."""
         assert run.copy is not None
-        copy = run.copy
+        run.discarding, run.discard_why, run.discard_tries = run.copy, why, 0
         run.forget_copy()
         run.epochs, run.check_seconds, run.checks_timed_at = None, 0.0, None
         log.warning("move %s: %s; copying again", move.name, why)
-        # A target copy that cannot be dropped within the minute stays, and the
-        # verification finds what it holds extra.
-        for _ in range(_DISCARD_TRIES):
-            try:
-                copy = copy.through(await self._support.cell_end(copy.source.cell),
-                                    await self._support.cell_end(copy.target.cell))
-                await copy.discard()
-                break
-            except CellplaneError as error:
+        return await self.discard_old_copy(move, run)
+
+    async def discard_old_copy(self, move: Move, run: MoveRun) -> StepOutcome:
+        """One try per reconcile to drop the old copy through the cells' current primaries
+        (a new primary may take a few seconds to serve). A target copy that cannot be
+        dropped within the minute stays, and the verification finds what it holds extra."""
+        assert run.discarding is not None
+        copy = run.discarding
+        try:
+            copy = copy.through(await self._support.cell_end(copy.source.cell),
+                                await self._support.cell_end(copy.target.cell))
+            await copy.discard()
+        except CellplaneError as error:
+            run.discard_tries += 1
+            if run.discard_tries < _DISCARD_TRIES:
                 log.info("move %s: the old copy is not discarded yet (%s)", move.name, error)
-                await asyncio.sleep(1.0)
-        message = f"{why}: the copy starts again from the beginning"
+                return Again(1.0)
+        run.discarding = None
+        message = f"{run.discard_why}: the copy starts again from the beginning"
         # The epochs the next copy begins under, recorded now: the status keeps the old
         # ones otherwise, and the next copy would see a takeover that is over.
         run.epochs = self._support.cell_epochs(copy)

@@ -189,6 +189,8 @@ class MoveController:
         if decision is Resume.CONTINUE and may_abort(phase):
             if (ended := await self._before_the_cells(move, run, stored)) is not None:
                 return ended
+            if run.discarding is not None:
+                return await self._data.discard_old_copy(move, run)
         copy = run.copy or await self._data.open_copy(move, stored, source, target, run)
         if run.epochs is None and status.source_cell_epoch is not None \
                 and status.target_cell_epoch is not None:
