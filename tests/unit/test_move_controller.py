@@ -18,6 +18,7 @@ import pytest
 from cellplane_operator.cellmemory import FakeCell
 from cellplane_operator.kube import CELLS, TENANTMOVES
 from cellplane_operator.placement.records import TenantKey
+from cellplane_operator.runtime import movedata
 from regionfakes import Operator, Plane, condition, eventually
 
 NS = "team"
@@ -198,6 +199,44 @@ async def test_a_full_target_fails_the_move_at_its_progress_deadline(plane: Plan
     assert "did not pass within 1s" in accepted["message"]
     assert await record(plane) == ("a1", 1, False)
     assert all(t.state == "active" for t in source.tenants.values())
+
+
+async def test_long_copies_take_turns_on_one_worker_each_carrying_on_from_its_cursor(
+        plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every page ends its copy's slice: two moves on one worker interleave their pages
+    instead of one copy holding the worker until it is done, and each slice carries on
+    where the last one stopped (the copy is started once)."""
+    monkeypatch.setattr(movedata, "_COPY_SLICE_SECONDS", 0.0)
+    await plane.operator(move_workers=1)
+    source = await plane.ready_cell("a1")
+    ids = []
+    for name in ("acme", "beta"):
+        await plane.create_tenant(name, NS)
+
+        async def placed(name: str = name) -> str | None:
+            status = await plane.tenant_status(name, NS)
+            return str(status["tenantId"]) if status.get("phase") == "Ready" else None
+        ids.append(await eventually(placed, f"tenant {name} Ready in a1"))
+    acme, beta = ids
+    await plane.ready_cell("a2")
+    for tenant in (acme, beta):  # three pages of targets each (2,000 rows a page)
+        source.tenants[tenant].targets.update(
+            {f"t{i}": f"http://127.0.0.1:9/{i}" for i in range(4500)})
+    reads: list[str] = []
+
+    async def record_reads(cell: FakeCell, tenant: str, table: str) -> None:
+        if table == "targets":
+            reads.append(tenant)
+    plane.cells.page_gate = record_reads
+    await plane.create_move("acme-to-a2", NS, "acme", targetCell="a2")
+    await plane.create_move("beta-to-a2", NS, "beta", targetCell="a2")
+    for name in ("acme-to-a2", "beta-to-a2"):
+        status = await move_where(plane, name, "Completed", in_phase("Completed", "Failed"))
+        assert status["phase"] == "Completed" and status["progress"]["rowsCopied"] > 4500
+
+    assert move_starts(plane, acme) == move_starts(plane, beta) == 1
+    first_beta = reads.index(beta)
+    assert acme in reads[first_beta:] or beta in reads[:reads.index(acme)], reads
 
 
 async def test_a_takeover_in_the_source_during_the_copy_starts_the_copy_again(
