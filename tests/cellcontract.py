@@ -154,3 +154,118 @@ async def a_cell_that_does_not_answer_is_status_0(harness: Harness, prefix: str)
         await harness.cells.put_tenant(harness.dead_admin, harness.token, f"{prefix}t",
                                        {"plan": "pro"})
     assert (unreachable.value.status, unreachable.value.code) == (0, "")
+
+
+# -- tenant moves: the source's half, and the target's refusals (one cell) ----------------
+
+
+async def all_rows(harness: Harness, tenant: str, table: str, limit: int) -> list[object]:
+    """Every row of ``table`` a move out pages across (a page may be empty or end exactly
+    at its limit with a cursor still given: only a None cursor ends it)."""
+    rows: list[object] = []
+    after: str | None = None
+    for _ in range(100):
+        page, after = await harness.cells.move_out_rows(harness.admin, harness.token, tenant,
+                                                        table, after, limit)
+        rows.extend(page)
+        if after is None:
+            return rows
+    raise AssertionError(f"paging {table} never ended")
+
+
+async def moving_tenant(harness: Harness, prefix: str, move: str) -> str:
+    """A tenant with two targets whose move out has started."""
+    tenant, url = f"{prefix}m", harness.allowed
+    await put(harness, tenant)
+    await harness.cells.put_endpoints(harness.admin, harness.token, tenant,
+                                      [("a", f"{url}/a"), ("b", f"{url}/b")], [], SECRET)
+    totals = await harness.cells.start_move_out(harness.admin, harness.token, tenant, move)
+    assert (totals["tenant"], totals["targets"], totals["jobs"]) == (1, 2, 0)
+    return tenant
+
+
+@check
+async def a_move_out_pages_the_scope_and_captures_what_changes_after(
+        harness: Harness, prefix: str) -> None:
+    cells, admin, token, url = harness.cells, harness.admin, harness.token, harness.allowed
+    tenant = await moving_tenant(harness, prefix, "move-1")
+    assert len(await all_rows(harness, tenant, "targets", 1)) == 2
+    assert len(await all_rows(harness, tenant, "tenant", 10)) == 1
+    nothing = await cells.move_out_changes(admin, token, tenant, 0, 100)
+    assert (nothing["pending"], nothing["rows"], nothing["deletes"]) == (0, {}, {})
+    # One target changed, one removed: the change comes as the row now, the removal as a key.
+    await cells.put_endpoints(admin, token, tenant, [("a", f"{url}/a2")], [], SECRET)
+    changed = await cells.move_out_changes(admin, token, tenant, 0, 100)
+    assert len(changed["rows"]["targets"]) == 1 and len(changed["deletes"]["targets"]) == 1
+    assert changed["pending"] == 0 and changed["last_seq"] > 0
+    # Read one entry at a time, the rest is pending; after the last, nothing is.
+    first = await cells.move_out_changes(admin, token, tenant, 0, 1)
+    assert first["pending"] == 1
+    after = await cells.move_out_changes(admin, token, tenant, changed["last_seq"], 100)
+    assert (after["rows"], after["last_seq"], after["pending"]) == ({}, changed["last_seq"], 0)
+    # Cancelled: capture stops, cancelling again is done, and another move may start.
+    for _ in range(2):
+        await cells.cancel_move_out(admin, token, tenant, "move-1")
+    await cells.start_move_out(admin, token, tenant, "move-2")
+    fresh = await cells.move_out_changes(admin, token, tenant, 0, 100)
+    assert (fresh["rows"], fresh["pending"]) == ({}, 0)
+
+
+@check
+async def a_frozen_tenant_refuses_writes_until_unfrozen(harness: Harness, prefix: str) -> None:
+    cells, admin, token, url = harness.cells, harness.admin, harness.token, harness.allowed
+    tenant = await moving_tenant(harness, prefix, "move-1")
+    for _ in range(2):
+        await cells.freeze_move_out(admin, token, tenant, "move-1", 2, within_seconds=5.0)
+    with pytest.raises(CellApiError) as fenced:
+        await cells.put_endpoints(admin, token, tenant, [("c", f"{url}/c")], [], SECRET)
+    assert (fenced.value.status, fenced.value.code) == (503, "tenant_moving")
+    with pytest.raises(CellApiError) as other:
+        await cells.start_move_out(admin, token, tenant, "move-2")
+    assert (other.value.status, other.value.code) == (409, "tenant_not_movable")
+    with pytest.raises(CellApiError) as mismatch:
+        await cells.freeze_move_out(admin, token, tenant, "move-2", 2)
+    assert (mismatch.value.status, mismatch.value.code) == (409, "move_mismatch")
+    for _ in range(2):
+        await cells.unfreeze_move_out(admin, token, tenant, "move-1", 1)
+    await cells.put_endpoints(admin, token, tenant, [("c", f"{url}/c")], [], SECRET)
+    assert (await cells.checksums(admin, token, tenant))["targets"]["rows"] == 1
+
+
+@check
+async def a_finished_move_out_keeps_the_rows_read_only(harness: Harness, prefix: str) -> None:
+    cells, admin, token, url = harness.cells, harness.admin, harness.token, harness.allowed
+    tenant = await moving_tenant(harness, prefix, "move-1")
+    await cells.freeze_move_out(admin, token, tenant, "move-1", 2)
+    for _ in range(2):
+        await cells.finish_move_out(admin, token, tenant, "move-1", 3600)
+    assert (await cells.checksums(admin, token, tenant))["targets"]["rows"] == 2
+    for call, code in ((cells.cancel_move_out(admin, token, tenant, "move-1"), "move_finished"),
+                       (cells.start_move_out(admin, token, tenant, "move-2"),
+                        "tenant_not_movable")):
+        with pytest.raises(CellApiError) as refused:
+            await call
+        assert (refused.value.status, refused.value.code) == (409, code)
+    with pytest.raises(CellApiError) as fenced:
+        await cells.put_endpoints(admin, token, tenant, [("c", f"{url}/c")], [], SECRET)
+    assert (fenced.value.status, fenced.value.code) == (503, "tenant_moving")
+
+
+@check
+async def a_move_in_refuses_what_is_not_its_copy(harness: Harness, prefix: str) -> None:
+    cells, admin, token = harness.cells, harness.admin, harness.token
+    here, absent = f"{prefix}here", f"{prefix}absent"
+    await put(harness, here)
+    with pytest.raises(CellApiError) as exists:
+        await cells.move_in(admin, token, here, "move-1", 2, rows={})
+    assert (exists.value.status, exists.value.code) == (409, "tenant_exists")
+    with pytest.raises(CellApiError) as headless:
+        await cells.move_in(admin, token, absent, "move-1", 2, rows={"targets": []})
+    assert (headless.value.status, headless.value.code) == (409, "invalid_bundle")
+    with pytest.raises(CellApiError) as active:
+        await cells.cancel_move_in(admin, token, here, "move-1")
+    assert (active.value.status, active.value.code) == (409, "tenant_active")
+    with pytest.raises(CellApiError) as nothing:
+        await cells.activate_move_in(admin, token, absent, "move-1")
+    assert (nothing.value.status, nothing.value.code) == (404, "not_found")
+    await cells.cancel_move_in(admin, token, absent, "move-1")

@@ -3,10 +3,10 @@ every port: InMemoryStore (etcd), InMemoryKube (the apiserver) with a watch that
 each operator's ObjectCache as kopf's would, and InMemoryCells (the cells' admin APIs).
 
 ``Plane`` is what the operators share; ``Operator`` one regional operator process: its
-election, its TenantController, and a log of every write it made itself (Kubernetes,
-etcd outside the election, cells), so a test can tell which operator did what. Cells are
-made Ready here as their site runner would report them: no site driver runs (a stub
-refuses every call), which shared cells served elsewhere never need.
+election, its TenantController and MoveController, and a log of every write it made
+itself (Kubernetes, etcd outside the election, cells), so a test can tell which operator
+did what. Cells are made Ready here as their site runner would report them: no site
+driver runs (a stub refuses every call), which shared cells served elsewhere never need.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from cellplane_operator.ownership.election import Leadership
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.runtime.cache import ObjectCache
 from cellplane_operator.runtime.context import RegionContext
+from cellplane_operator.runtime.moves import MoveController
 from cellplane_operator.runtime.tenants import TenantController
 from cellplane_operator.settings import OperatorSettings
 from cellplane_operator.sites.base import SiteDriver
@@ -284,13 +285,14 @@ class NoSiteDriver:
 
 
 class Operator:
-    """One regional operator process over the shared plane: its election and tenant
-    controller, started as RegionRuntime.start starts them (no site runners, no moves)."""
+    """One regional operator process over the shared plane: its election, tenant and move
+    controllers, started as RegionRuntime.start starts them (no site runners)."""
 
-    def __init__(self, plane: Plane, region: str, member: str) -> None:
+    def __init__(self, plane: Plane, region: str, member: str, **settings: Any) -> None:
         self.writes: list[str] = []
         """What this operator wrote, in order (Kubernetes, etcd outside the election, cells)."""
-        self.settings = OperatorSettings(region=region, member=member, election=FAST_ELECTION)
+        self.settings = OperatorSettings(region=region, member=member, election=FAST_ELECTION,
+                                         **settings)
         self.cache = ObjectCache()
         self.ctx = RegionContext(
             settings=self.settings, store=RecordingStore(plane.store, self.writes),
@@ -303,6 +305,9 @@ class Operator:
         self.tenants = TenantController(self.ctx, self.leadership)
         self.cache.on_tenant.append(self.tenants.tenant_changed)
         self.cache.on_cell.append(self.tenants.cell_changed)
+        self.moves = MoveController(self.ctx, self.leadership, self.tenants)
+        self.cache.on_move.append(self.moves.move_changed)
+        self.cache.on_tenant.append(self.moves.tenant_changed)
         self._plane = plane
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -310,7 +315,8 @@ class Operator:
     async def start(self) -> Operator:
         await self._plane.kube.subscribe(self.cache)
         self._tasks = [asyncio.create_task(self.leadership.run(self._stop), name="election"),
-                       asyncio.create_task(self.tenants.run(self._stop), name="tenants")]
+                       asyncio.create_task(self.tenants.run(self._stop), name="tenants"),
+                       asyncio.create_task(self.moves.run(self._stop), name="moves")]
         return self
 
     async def stop(self) -> None:
@@ -338,8 +344,10 @@ class Plane:
         self.elections: list[ElectionOnly] = []
         self._members = itertools.count(1)
 
-    async def operator(self, region: str = "region-a") -> Operator:
-        started = await Operator(self, region, f"{region}-{next(self._members)}").start()
+    async def operator(self, region: str = "region-a", **settings: Any) -> Operator:
+        """``settings``: OperatorSettings fields other than the region's and the election's."""
+        started = await Operator(self, region, f"{region}-{next(self._members)}",
+                                 **settings).start()
         self.operators.append(started)
         return started
 
@@ -387,6 +395,17 @@ class Plane:
             "apiVersion": "cellplane.io/v1alpha1", "kind": "Tenant",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"plan": plan, "homeRegion": region, **spec}}, namespace=namespace)
+
+    async def create_move(self, name: str, namespace: str, tenant: str,
+                          **spec: Any) -> dict[str, Any]:
+        return await self.kube.create(TENANTMOVES, {
+            "apiVersion": "cellplane.io/v1alpha1", "kind": "TenantMove",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"tenant": tenant, **spec}}, namespace=namespace)
+
+    async def move_status(self, name: str, namespace: str) -> dict[str, Any]:
+        found = await self.kube.get(TENANTMOVES, name, namespace=namespace)
+        return dict((found or {}).get("status") or {})
 
     async def tenant(self, name: str, namespace: str) -> dict[str, Any] | None:
         return await self.kube.get(TENANTS, name, namespace=namespace)

@@ -43,6 +43,9 @@ class OperatorSettings:
     """How often each site's processes are health-checked (and restarted)."""
     tenant_workers: int = 16
     """Tenants reconciled at once by the placement leader."""
+    move_workers: int = 8
+    """TenantMoves reconciled at once by the placement leader (a reconcile is one short
+    step of a move: a slice of the copy, a catch-up round, a cutover)."""
     regions: tuple[str, ...] = ()
     """Every region of the deployment; a dedicated HOME_ASYNC tenant's standby goes to the
     region after its home in this list."""

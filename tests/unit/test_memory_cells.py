@@ -10,9 +10,13 @@ import pytest
 from cellcontract import CHECKS, REFUSED_URL, Check
 from cellplane_operator.cellclient import CellAdmin
 from cellplane_operator.cellmemory import InMemoryCells
+from cellplane_operator.clock import SystemClock
 from cellplane_operator.errors import CellApiError
+from cellplane_operator.runtime.movecopy import TABLES, CellEnd, TenantCopy
 
 ADMIN = "http://cell-a.test:9001"
+OTHER = "http://cell-b.test:9001"
+SECRET = "webhook-secret-0123456789"
 TOKEN = "admin-token-for-tests-0123456789"
 
 
@@ -67,8 +71,55 @@ async def test_private_targets_are_refused_unless_the_cell_allows_them() -> None
         await cells.put_target(relaxed.admin, TOKEN, "t1", "meta", REFUSED_URL)
 
 
-async def test_moves_are_left_to_real_cells() -> None:
+async def test_a_tenant_copied_between_two_fake_cells_ends_equal_and_served_by_the_target(
+        ) -> None:
+    """The whole data path of a move over the fake (TenantCopy, as the move controller
+    drives it): the bulk copy, a change made meanwhile caught up, the freeze, the last
+    changes, equal checksums, the target activated and the source kept read-only."""
     cells = InMemoryCells()
-    cells.add(ADMIN, token=TOKEN)
-    with pytest.raises(NotImplementedError, match="real cells"):
-        await cells.start_move_out(ADMIN, TOKEN, "t1", "m1")
+    for admin in (ADMIN, OTHER):
+        cells.add(admin, token=TOKEN, allow_private=True)
+    await cells.put_tenant(ADMIN, TOKEN, "t1", {"plan": "pro", "max_running": 3})
+    await cells.put_endpoints(ADMIN, TOKEN, "t1", [("a", "http://127.0.0.1:9/a")],
+                              [("http://127.0.0.1:9/hook", 2)], SECRET)
+    copy = TenantCopy(cells, tenant_id="t1", move_id="m1", source=CellEnd("a", ADMIN, TOKEN),
+                      target=CellEnd("b", OTHER, TOKEN), target_epoch=2, clock=SystemClock())
+    assert (await copy.start())["targets"] == 1
+
+    async def page(rows: int) -> bool:
+        return True
+    for table in TABLES:
+        await copy.copy_table(table, page)
+    await cells.put_target(ADMIN, TOKEN, "t1", "b", "http://127.0.0.1:9/b")
+    assert (await copy.catch_up()).rows == 1
+    await copy.freeze_source(1.0)
+    with pytest.raises(CellApiError, match="tenant_moving"):
+        await cells.put_target(ADMIN, TOKEN, "t1", "c", "http://127.0.0.1:9/c")
+    assert await copy.drain() == 0
+    source, target = await copy.checksums()
+    assert source == target and target["targets"]["rows"] == 2
+    await copy.activate_target()
+    await copy.finish_source(60)
+    moved, kept = cells.cell(OTHER).tenants["t1"], cells.cell(ADMIN).tenants["t1"]
+    assert (moved.state, moved.epoch, moved.quotas, moved.targets) == (
+        "active", 2, {"max_running": 3}, {"a": "http://127.0.0.1:9/a", "b": "http://127.0.0.1:9/b"})
+    assert (kept.state, kept.retain_seconds) == ("moved", 60)
+
+
+async def test_a_cancelled_move_leaves_the_source_serving_and_the_target_empty() -> None:
+    cells = InMemoryCells()
+    for admin in (ADMIN, OTHER):
+        cells.add(admin, token=TOKEN)
+    await cells.put_tenant(ADMIN, TOKEN, "t1", {"plan": "pro"})
+    copy = TenantCopy(cells, tenant_id="t1", move_id="m1", source=CellEnd("a", ADMIN, TOKEN),
+                      target=CellEnd("b", OTHER, TOKEN), target_epoch=2, clock=SystemClock())
+    await copy.start()
+
+    async def page(rows: int) -> bool:
+        return True
+    await copy.copy_table("tenant", page)
+    await copy.freeze_source()
+    await copy.discard()
+    assert "t1" not in cells.cell(OTHER).tenants
+    source = cells.cell(ADMIN).tenants["t1"]
+    assert (source.state, source.move_id, source.changes) == ("active", None, [])

@@ -75,26 +75,30 @@ class TenantCopy:
         return await self._cells.start_move_out(self.source.admin, self.source.token,
                                                 self.tenant_id, self.move_id)
 
-    async def copy_table(self, table: str, on_page: Callable[[int], Awaitable[None]]) -> int:
-        """Pages one table across; the next page is read while the last one is written."""
-        source, copied = self.source, 0
+    async def copy_table(self, table: str, on_page: Callable[[int], Awaitable[bool]], *,
+                         after: str | None = None) -> str | None:
+        """Pages one table across from the cursor ``after`` (None: its first page); the
+        next page is read while the last one is written. ``on_page`` is told each page's
+        rows and says whether to go on; the cursor to carry on from is returned when it
+        says no, None once the table is done."""
+        source = self.source
 
-        def fetch(after: str | None) -> asyncio.Task[tuple[list[Any], str | None]]:
+        def fetch(cursor: str | None) -> asyncio.Task[tuple[list[Any], str | None]]:
             return asyncio.create_task(self._cells.move_out_rows(
-                source.admin, source.token, self.tenant_id, table, after, self._page_rows))
+                source.admin, source.token, self.tenant_id, table, cursor, self._page_rows))
 
-        pending = fetch(None)
+        pending = fetch(after)
         try:
             while True:
                 rows, after = await pending
                 if after is not None:
                     pending = fetch(after)
+                go_on = True
                 if rows:
                     await self._apply({table: rows}, {})
-                    copied += len(rows)
-                    await on_page(len(rows))
-                if after is None:
-                    return copied
+                    go_on = await on_page(len(rows))
+                if after is None or not go_on:
+                    return after
         finally:
             pending.cancel()
 
