@@ -20,6 +20,7 @@ from cellplane_operator.errors import StoreUnavailableError
 from cellplane_operator.kube import CELLS, EVENTS
 from cellplane_operator.ownership.table import GroupView, OwnershipTable
 from cellplane_operator.runtime.cache import ObjectCache
+from cellplane_operator.runtime.objects import CellObject
 from cellplane_operator.runtime.cellsite import CellSiteRunner
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.settings import OperatorSettings
@@ -171,13 +172,13 @@ class RegionSite:
     async def start(self) -> None:
         self.cache.on_cell.append(self._cell_changed)
         await self.world.kube.subscribe(self.cache)
-        self.runner = CellSiteRunner(self.ctx, self.cache.cells[CELL])
+        self.runner = CellSiteRunner(self.ctx, self.cache.cells[CELL].body)
         self._task = asyncio.create_task(self.runner.run(self._stop), name=f"site-{self.region}")
 
-    def _cell_changed(self, name: str, _before: dict[str, Any] | None,
-                      body: dict[str, Any] | None) -> None:
-        if name == CELL and body is not None and self.runner is not None:
-            self.runner.update(body)
+    def _cell_changed(self, name: str, _before: CellObject | None,
+                      cell: CellObject | None) -> None:
+        if name == CELL and cell is not None and self.runner is not None:
+            self.runner.update(cell.body)
 
     async def stop(self, *, detach: bool = False) -> None:
         """A clean stop releases the lease; ``detach`` leaves it to run out."""
