@@ -78,7 +78,7 @@ SELECT job_id, 1, job_id::text || '/1', 'pending' FROM jobs
 # The seed's claim (drill 13), adapted to our schema: no EvalPlanQual check of
 # the fairness position, one job per statement.
 SEED_CLAIM = """
-WITH t AS ( SELECT t.tenant_id FROM tenants t WHERE t.running < t.max_running AND EXISTS (SELECT 1 FROM jobs q WHERE q.tenant_id = t.tenant_id AND q.status = 'queued') ORDER BY t.last_served_at LIMIT 1 FOR UPDATE OF t SKIP LOCKED ),
+WITH t AS ( SELECT t.tenant_id FROM tenants t WHERE t.running < t.max_running_jobs AND EXISTS (SELECT 1 FROM jobs q WHERE q.tenant_id = t.tenant_id AND q.status = 'queued') ORDER BY t.last_served_at LIMIT 1 FOR UPDATE OF t SKIP LOCKED ),
 j AS ( SELECT job_id FROM jobs WHERE tenant_id = (SELECT tenant_id FROM t) AND status = 'queued' ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED ),
 claimed AS ( UPDATE jobs SET status = 'running', started_at = now() FROM j WHERE jobs.job_id = j.job_id RETURNING jobs.job_id, jobs.tenant_id )
 UPDATE tenants SET running = running + 1, last_served_at = clock_timestamp() FROM claimed WHERE tenants.tenant_id = claimed.tenant_id RETURNING claimed.job_id, claimed.tenant_id
@@ -95,8 +95,8 @@ SEED_COMPLETE_COUNTER = "UPDATE tenants SET running = running - 1 WHERE tenant_i
 # Sampled during a run, in one snapshot: the most jobs any tenant has running
 # and by how much that passes its cap, then the same for the counters.
 SAMPLE_RUNNING = """
-SELECT coalesce(max(r.n), 0), coalesce(max(r.n - t.max_running), 0),
-       (SELECT max(running) FROM tenants), (SELECT max(running - max_running) FROM tenants)
+SELECT coalesce(max(r.n), 0), coalesce(max(r.n - t.max_running_jobs), 0),
+       (SELECT max(running) FROM tenants), (SELECT max(running - max_running_jobs) FROM tenants)
   FROM (SELECT tenant_id, count(*)::int AS n FROM jobs WHERE status = 'running'
          GROUP BY tenant_id) r
   JOIN tenants t USING (tenant_id)
@@ -105,12 +105,12 @@ SELECT coalesce(max(r.n), 0), coalesce(max(r.n - t.max_running), 0),
 # After a run: per tenant, the counter, the cap, the jobs still running, the
 # jobs claimed (every job was queued at the start) and those still queued.
 PER_TENANT_OUTCOME = """
-SELECT t.tenant_id, t.running, t.max_running,
+SELECT t.tenant_id, t.running, t.max_running_jobs,
        count(j.job_id) FILTER (WHERE j.status = 'running')::int,
        count(j.job_id) FILTER (WHERE j.status <> 'queued')::int,
        count(j.job_id) FILTER (WHERE j.status = 'queued')::int
   FROM tenants t LEFT JOIN jobs j USING (tenant_id)
- GROUP BY t.tenant_id, t.running, t.max_running
+ GROUP BY t.tenant_id, t.running, t.max_running_jobs
 """
 
 
@@ -122,7 +122,7 @@ class BenchConfig:
     """Enterprise tenants in the cell."""
     jobs: int
     """Queued jobs at the start of every variant, spread evenly over the tenants."""
-    max_running: int
+    max_running_jobs: int
     """Every tenant's running cap."""
     claimers: int
     """Claimer threads, each with its own connection."""
@@ -152,7 +152,7 @@ class WorkerStats:
 @dataclass
 class Samples:
     count: int = 0
-    max_running_jobs: int = 0
+    most_running_seen: int = 0
     job_overshoot: int = 0
     max_counter: int = 0
     counter_overshoot: int = 0
@@ -207,7 +207,7 @@ def build_template(pg: PostgresInstance, config: BenchConfig) -> None:
         conn.commit()
         for i in range(config.tenants):
             upsert_tenant(conn, TenantSpec(f"tenant-{i:03d}", Plan.ENTERPRISE,
-                                           max_running=config.max_running))
+                                           max_running_jobs=config.max_running_jobs))
         with conn.transaction():
             conn.execute(BULK_LOAD_JOBS, {"jobs": config.jobs})
             conn.execute(BULK_LOAD_STEPS)
@@ -293,7 +293,7 @@ def sampler(conninfo: str, *, interval: float, stop: threading.Event,
             row = conn.execute(SAMPLE_RUNNING).fetchone()
             assert row is not None
             samples.count += 1
-            samples.max_running_jobs = max(samples.max_running_jobs, row[0])
+            samples.most_running_seen = max(samples.most_running_seen, row[0])
             samples.job_overshoot = max(samples.job_overshoot, row[1])
             samples.max_counter = max(samples.max_counter, row[2])
             samples.counter_overshoot = max(samples.counter_overshoot, row[3])
@@ -387,12 +387,12 @@ def print_table(outcomes: list[Outcome], config: BenchConfig) -> None:
           "| other cores |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for o in outcomes:
-        seen = max(o.samples.max_running_jobs, o.samples.max_counter)
+        seen = max(o.samples.most_running_seen, o.samples.max_counter)
         spread = "n/a" if o.spread is None else str(o.spread)
         print(f"| {o.variant.name} | {o.claims_per_second:,.0f} "
               f"| {o.completed / o.elapsed:,.0f} | {o.empty_claims} "
               f"| {o.claim_ms_p50:.2f} / {o.claim_ms_p99:.2f} | {o.complete_ms_mean:.2f} "
-              f"| {seen} / {config.max_running} | {o.cap_overshoot} "
+              f"| {seen} / {config.max_running_jobs} | {o.cap_overshoot} "
               f"| {o.counter_drift} | {spread} "
               f"| {o.postgres_cores:.2f} | {o.client_cores:.2f} | {o.other_cores:.2f} |")
 
@@ -414,7 +414,7 @@ def print_notes(outcomes: list[Outcome], config: BenchConfig, server_version: st
     print(f"- PostgreSQL {server_version} on 127.0.0.1, fsync=off, shared_buffers=32MB "
           f"(the local control plane's settings); {os.cpu_count()} CPUs shared by server "
           f"and client.")
-    print(f"- {config.tenants} enterprise tenants (cap {config.max_running} running each), "
+    print(f"- {config.tenants} enterprise tenants (cap {config.max_running_jobs} running each), "
           f"{config.jobs:,} queued jobs, one pending job_steps row each; built once in "
           f"{setup_seconds:.1f}s and copied per variant (CREATE DATABASE ... TEMPLATE).")
     print(f"- {config.claimers} claimer threads, one pooled connection each, "
@@ -444,16 +444,16 @@ def parse_args() -> BenchConfig:
     parser.add_argument("--seconds", type=float, default=15.0, help="run time per variant")
     parser.add_argument("--tenants", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--max-running", type=int, default=20,
+    parser.add_argument("--max-running-jobs", type=int, default=20,
                         help="every tenant's cap (enterprise ceiling: "
-                             f"{PLAN_CEILINGS[Plan.ENTERPRISE].max_running})")
+                             f"{PLAN_CEILINGS[Plan.ENTERPRISE].max_running_jobs})")
     parser.add_argument("--claimers", type=int, default=10)
     parser.add_argument("--batches", default="1,4,8",
                         help="comma-separated batch sizes of our claim statement")
     parser.add_argument("--sample-interval", type=float, default=0.05)
     args = parser.parse_args()
     return BenchConfig(seconds=args.seconds, tenants=args.tenants, jobs=args.jobs,
-                       max_running=args.max_running, claimers=args.claimers,
+                       max_running_jobs=args.max_running_jobs, claimers=args.claimers,
                        batches=tuple(int(b) for b in args.batches.split(",") if b.strip()),
                        sample_interval=args.sample_interval)
 

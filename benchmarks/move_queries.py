@@ -42,7 +42,7 @@ PAGED = ("jobs", "steps", "ledger")
 
 GRANT = "SELECT cellplane_grant(1, make_interval(secs => 36000))"
 TENANT_ROWS = """
-INSERT INTO tenants (tenant_id, plan, max_running, jobs_per_second, burst, daily_spend_limit,
+INSERT INTO tenants (tenant_id, plan, max_running_jobs, jobs_per_second, burst, daily_spend_limit,
                      signing_secret)
 VALUES (%(tenant)s, 'enterprise', 100, 1000, 1000, 1000000000, 'bench-secret');
 INSERT INTO wallets (tenant_id, available, reserved) VALUES (%(tenant)s, 1000000, 0);

@@ -86,7 +86,7 @@ DECLARE_EPOCH = "SELECT set_config('cellplane.epoch', %s, false)"
 # A real write into tenant data, guarded like every other: the statement trigger
 # and the commit trigger refuse it unless the declared epoch is the placement
 # group's and the deadline has not passed. One new tenant row per write.
-MARKER_WRITE = ("INSERT INTO tenants (tenant_id, plan, max_running, jobs_per_second, burst,"
+MARKER_WRITE = ("INSERT INTO tenants (tenant_id, plan, max_running_jobs, jobs_per_second, burst,"
                 " signing_secret) VALUES (%s, 'free', 1, 1, 1, 'ownership-benchmark')")
 
 

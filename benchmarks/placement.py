@@ -82,7 +82,7 @@ def tenants(count: int, cells: Sequence[CellCandidate],
             namespace=f"team-{i % 97}", name=f"tenant-{i}", isolation=isolation,
             home_region=region,
             region_policy=RegionPolicy.HOME_ASYNC if rng.random() < 0.2 else RegionPolicy.SINGLE_REGION,
-            max_running=PLAN_DEFAULTS[plan].max_running, pinned_cell=pinned)
+            max_running_jobs=PLAN_DEFAULTS[plan].max_running_jobs, pinned_cell=pinned)
         requests.append(request)
         if isolation is Tier.DEDICATED and i % 3 == 0:
             dedicated.append(CellCandidate(
@@ -107,7 +107,7 @@ def overfilled(start: Sequence[CellCandidate], requests: Sequence[PlacementReque
     for request, outcome in zip(requests, outcomes):
         if isinstance(outcome, PlaceIn):
             tenants_in[outcome.cell] += 1
-            slots_in[outcome.cell] += request.max_running
+            slots_in[outcome.cell] += request.max_running_jobs
     return sum(1 for c in start if c.tier is Tier.SHARED and (
         c.slots_in_use + slots_in[c.name] > c.worker_slots
         or c.tenants_placed + tenants_in[c.name] > c.tenant_capacity))
@@ -133,7 +133,7 @@ def run_reference(cells: Sequence[CellCandidate], requests: Sequence[PlacementRe
     for request in requests:
         outcome = place(request, current.values())
         if isinstance(outcome, PlaceIn):
-            current[outcome.cell] = current[outcome.cell].with_tenant(request.max_running)
+            current[outcome.cell] = current[outcome.cell].with_tenant(request.max_running_jobs)
         outcomes.append(outcome)
     seconds = time.perf_counter() - started
     progress(f"place() per tenant: {seconds:.3f} s")
@@ -170,7 +170,7 @@ def main() -> int:
     progress(f"{len(shared)} shared cells ({sum(c.available for c in shared)} taking tenants, "
              f"{sum(c.worker_slots for c in shared if c.available):,} slots), "
              f"{len(dedicated)} dedicated; {len(requests):,} tenants asking for "
-             f"{sum(r.max_running for r in requests):,} slots")
+             f"{sum(r.max_running_jobs for r in requests):,} slots")
 
     results = [run_placer(cells, requests, args.runs)]
     agree = True

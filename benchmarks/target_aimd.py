@@ -176,7 +176,7 @@ def fresh_database(pg: PostgresInstance, dbname: str, *, tenants: int, jobs: int
         conn.execute("SELECT set_config('cellplane.epoch', %s, false)", (str(EPOCH),))
         conn.commit()
         for i in range(tenants):
-            upsert_tenant(conn, TenantSpec(f"{TENANT}-{i}", Plan.ENTERPRISE, max_running=500))
+            upsert_tenant(conn, TenantSpec(f"{TENANT}-{i}", Plan.ENTERPRISE, max_running_jobs=500))
             register_target(conn, f"{TENANT}-{i}", "default", target_url, allow_private=True)
         with conn.transaction():
             conn.execute(BULK_LOAD_JOBS, {"jobs": jobs})

@@ -56,7 +56,7 @@ async def a_tenant_is_created_and_updated_by_put(harness: Harness, prefix: str) 
         await harness.cells.checksums(harness.admin, harness.token, tenant)
     assert (absent.value.status, absent.value.code) == (404, "not_found")
     await put(harness, tenant, api_key=f"{KEY}-{prefix}")
-    await put(harness, tenant, api_key=f"{KEY}-{prefix}", max_running=3)
+    await put(harness, tenant, api_key=f"{KEY}-{prefix}", max_running_jobs=3)
     found = await harness.cells.checksums(harness.admin, harness.token, tenant)
     assert {"jobs", "targets", "webhooks"} <= set(found) and found["targets"]["rows"] == 0
 
@@ -64,7 +64,7 @@ async def a_tenant_is_created_and_updated_by_put(harness: Harness, prefix: str) 
 @check
 async def quotas_above_the_plan_are_refused(harness: Harness, prefix: str) -> None:
     with pytest.raises(CellApiError) as refused:
-        await put(harness, f"{prefix}t", max_running=10_000)
+        await put(harness, f"{prefix}t", max_running_jobs=10_000)
     assert (refused.value.status, refused.value.code) == (422, "quota_out_of_range")
 
 

@@ -62,7 +62,7 @@ def enqueue(conn: psycopg.Connection[Any], tenant_id: str, count: int, *, steps:
 
 
 def setup_tenant(conninfo: str, tenant_id: str, *, target_url: str, plan: str = "pro",
-                 credit: int = 1_000_000, max_running: int | None = None) -> str:
+                 credit: int = 1_000_000, max_running_jobs: int | None = None) -> str:
     """A tenant with a wallet credit and its `default` target; returns its signing secret."""
     from cellplane_cells.domain.plans import Plan
     from cellplane_cells.tenants import TenantSpec, credit_wallet, register_target, upsert_tenant
@@ -70,7 +70,7 @@ def setup_tenant(conninfo: str, tenant_id: str, *, target_url: str, plan: str = 
     with psycopg.connect(conninfo) as conn:
         conn.execute("SET cellplane.epoch = '1'")
         conn.commit()
-        upsert_tenant(conn, TenantSpec(tenant_id, Plan(plan), max_running=max_running))
+        upsert_tenant(conn, TenantSpec(tenant_id, Plan(plan), max_running_jobs=max_running_jobs))
         if credit:
             credit_wallet(conn, tenant_id, credit)
         register_target(conn, tenant_id, "default", target_url, allow_private=True)

@@ -94,7 +94,7 @@ class QueueCollector(Collector):
             age.add_metric([tenant], float(row["oldest_queued_seconds"]))
             depth.add_metric([tenant], float(row["queued"]))
             running.add_metric([tenant], float(row["running"]))
-            cap.add_metric([tenant], float(row["max_running"]))
+            cap.add_metric([tenant], float(row["max_running_jobs"]))
         yield from (age, depth, running, cap)
 
 

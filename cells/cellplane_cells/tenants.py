@@ -47,7 +47,7 @@ def resolve_host(host: str) -> list[str]:
 class TenantSpec:
     tenant_id: str
     plan: Plan
-    max_running: int | None = None
+    max_running_jobs: int | None = None
     jobs_per_second: float | None = None
     burst: int | None = None
     daily_spend_limit: int | None = None
@@ -57,7 +57,7 @@ def upsert_tenant(conn: psycopg.Connection[Any], spec: TenantSpec, *,
                   api_key: str | None = None) -> tuple[bool, str | None]:
     """Creates or updates a tenant; returns (created, the new API key if one was made)."""
     try:
-        quotas = quotas_for(spec.plan, max_running=spec.max_running,
+        quotas = quotas_for(spec.plan, max_running_jobs=spec.max_running_jobs,
                             jobs_per_second=spec.jobs_per_second, burst=spec.burst,
                             daily_spend_limit=spec.daily_spend_limit)
     except ValueError as error:
@@ -68,7 +68,7 @@ def upsert_tenant(conn: psycopg.Connection[Any], spec: TenantSpec, *,
         issued = api_key if api_key is not None else (None if existing else new_api_key())
         row = cursor.execute(query("upsert_tenant"), {
             "tenant_id": spec.tenant_id, "plan": spec.plan.value,
-            "max_running": quotas.max_running, "jobs_per_second": quotas.jobs_per_second,
+            "max_running_jobs": quotas.max_running_jobs, "jobs_per_second": quotas.jobs_per_second,
             "burst": quotas.burst, "daily_spend_limit": quotas.daily_spend_limit,
             "signing_secret": secrets.token_hex(32),
             "api_key_hash": hash_api_key(issued) if issued else None,

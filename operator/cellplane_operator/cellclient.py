@@ -28,7 +28,7 @@ class CellAdmin(Protocol):
     async def put_tenant(self, admin: str, token: str, tenant_id: str,
                          body: dict[str, Any]) -> None:
         """Creates the tenant or updates its plan and quotas (``plan``, ``api_key``,
-        ``max_running``...); a retained tenant becomes active again."""
+        ``max_running_jobs``...); a retained tenant becomes active again."""
 
     async def put_target(self, admin: str, token: str, tenant_id: str, name: str,
                          url: str) -> None: ...

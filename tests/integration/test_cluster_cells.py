@@ -226,7 +226,7 @@ def test_a_tenant_runs_jobs_through_the_router_service_and_its_quotas_reach_the_
     operators.kubectl("patch", "tenant", "acme", "-n", namespace, "--type=merge", "-p",
                       json.dumps({"spec": {"quotas": {"maxRunningJobs": 7, "burst": 120}}}))
     eventually(lambda: db_query(operators, HOME,
-                                f"SELECT max_running, burst FROM tenants "
+                                f"SELECT max_running_jobs, burst FROM tenants "
                                 f"WHERE tenant_id = '{tenant_id}'") == "7|120",
                timeout=120, interval=1, what="the new quotas in the cell's database")
 

@@ -275,7 +275,7 @@ def _shown(number: int | float) -> str:
 
 CEILINGS = [(plan.value, field, getattr(limits, attribute))
             for plan, limits in PLAN_CEILINGS.items()
-            for field, attribute in (("maxRunningJobs", "max_running"),
+            for field, attribute in (("maxRunningJobs", "max_running_jobs"),
                                      ("jobsPerSecond", "jobs_per_second"), ("burst", "burst"),
                                      ("dailySpendLimit", "daily_spend_limit"))
             if getattr(limits, attribute) is not None]

@@ -150,7 +150,7 @@ def test_the_router_counts_held_requests_and_stale_route_retries(
 
     # A tenant of a cell nobody owns (as between a lease's end and a takeover): held, then 503.
     ownerless = PlacementRecord(cell="metrics-ownerless", epoch=1, tenant_id="metrics-limbo",
-                                uid="u", max_running=1)
+                                uid="u", max_running_jobs=1)
     etcd(plane, lambda store: PlacementRecords(store).create(
         TenantKey("metrics", "limbo"), ownerless, guard=[]))
     held = once_routed("cpk_metrics-limbo.s")
@@ -161,7 +161,7 @@ def test_the_router_counts_held_requests_and_stale_route_retries(
         report = SiteReport(role="primary", site="metrics-frozen@region-a", serving=True,
                             epoch=1, endpoints=SiteEndpoints(api=site.url, admin=site.url))
         frozen = PlacementRecord(cell="metrics-frozen", epoch=1, tenant_id="metrics-frozen",
-                                 uid="u", max_running=1)
+                                 uid="u", max_running_jobs=1)
 
         async def place(store: EtcdStore) -> None:
             await store.put("/cellplane/groups/metrics-frozen/owner", json.dumps(

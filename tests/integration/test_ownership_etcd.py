@@ -242,7 +242,7 @@ async def test_a_paused_owner_s_database_stops_by_itself_and_the_new_owner_keeps
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("SELECT set_config('cellplane.epoch', %s, false)", (str(epoch),))
         with pytest.raises(psycopg.errors.DatabaseError, match="lease expired"):
-            conn.execute("INSERT INTO tenants (tenant_id, plan, max_running, jobs_per_second, burst,"
+            conn.execute("INSERT INTO tenants (tenant_id, plan, max_running_jobs, jobs_per_second, burst,"
                          " signing_secret) VALUES ('late', 'pro', 1, 1, 1, 's')")
 
     successor = Holder(etcd3, "region-b", database=conninfo)

@@ -79,7 +79,7 @@ def test_shared_tenant_is_placed_and_runs_a_job_with_the_key_from_its_secret(
         assert meta["finalizers"] == ["cellplane.io/placement"]
 
     placed = records(plane)[TenantKey(ns, "acme")]
-    assert (placed.cell, placed.epoch, placed.max_running) == ("e2e-a1", 1, 20)
+    assert (placed.cell, placed.epoch, placed.max_running_jobs) == ("e2e-a1", 1, 20)
     load = plane.await_status("cell", "e2e-a1", lambda s: s.get("tenants") == 1)
     assert load["slotsInUse"] == 20
 
@@ -150,20 +150,20 @@ def test_a_quota_change_reaches_the_cell_database(plane: RegionPlane) -> None:
     status = plane.await_status("tenant", "tuned", ready, namespace=ns)
     conninfo = cell_database(plane, "quota-a1")
     tenant_id = status["tenantId"]
-    assert db_rows(conninfo, "SELECT max_running, burst FROM tenants WHERE tenant_id = %s",
+    assert db_rows(conninfo, "SELECT max_running_jobs, burst FROM tenants WHERE tenant_id = %s",
                    tenant_id) == [(5, 20)]
 
     started = time.monotonic()
     plane.kube.kubectl("patch", "tenant", "tuned", "-n", ns, "--type=merge", "-p",
                        json.dumps({"spec": {"quotas": {"maxRunningJobs": 9, "burst": 40}}}))
-    wait_for(lambda: db_rows(conninfo, "SELECT max_running, burst FROM tenants WHERE tenant_id = %s",
+    wait_for(lambda: db_rows(conninfo, "SELECT max_running_jobs, burst FROM tenants WHERE tenant_id = %s",
                              tenant_id) == [(9, 40)],
              timeout=30, interval=0.05, what="the new quotas in the cell database")
     print(f"\nquota change -> cell database: {time.monotonic() - started:.2f}s")
     status = plane.await_status("tenant", "tuned", lambda s: s.get("observedGeneration") == 2,
                                 namespace=ns)
     assert status["quotas"]["maxRunningJobs"] == 9
-    assert records(plane)[TenantKey(ns, "tuned")].max_running == 9
+    assert records(plane)[TenantKey(ns, "tuned")].max_running_jobs == 9
     plane.await_status("cell", "quota-a1", lambda s: s.get("slotsInUse") == 9)
 
 

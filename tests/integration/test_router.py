@@ -111,7 +111,7 @@ def test_a_tenant_whose_cell_has_no_owner_is_held_then_told_to_retry(
         plane: RegionPlane, router: str) -> None:
     # A placement record for a cell nobody owns (as between a lease's end and a takeover).
     record = PlacementRecord(cell="ownerless-cell", epoch=1, tenant_id="limbo-tenant", uid="u",
-                             max_running=1)
+                             max_running_jobs=1)
     etcd(plane, lambda store: PlacementRecords(store).create(
         TenantKey("limbo", "tenant"), record, guard=[]))
     started = time.monotonic()
@@ -130,7 +130,7 @@ def test_a_held_request_goes_through_as_soon_as_the_cell_has_an_owner_again(
         plane: RegionPlane, router: str) -> None:
     status = plane.await_status("cell", "route-a1", ready)
     record = PlacementRecord(cell="late-cell", epoch=1, tenant_id="late-tenant", uid="u",
-                             max_running=1)
+                             max_running_jobs=1)
     etcd(plane, lambda store: PlacementRecords(store).create(
         TenantKey("late", "tenant"), record, guard=[]))
     answers: list[httpx.Response] = []
@@ -179,7 +179,7 @@ def test_a_moving_tenant_is_held_through_the_cutover_then_sent_to_its_new_cell(
         report = SiteReport(role="primary", site="frozen-cell@region-a", serving=True, epoch=1,
                             endpoints=SiteEndpoints(api=source.url, admin=source.url))
         record = PlacementRecord(cell="frozen-cell", epoch=1, tenant_id="moving-tenant", uid="u",
-                                 max_running=1)
+                                 max_running_jobs=1)
 
         async def place(store: EtcdStore) -> None:
             await store.put("/cellplane/groups/frozen-cell/owner", json.dumps(
@@ -206,7 +206,7 @@ def test_a_moving_tenant_is_held_through_the_cutover_then_sent_to_its_new_cell(
         wait_for(lambda: len(source.snapshot()) == 1, timeout=10,
                  what="the request to reach the frozen source")
         etcd(plane, lambda store: mark(store, PlacementRecord(
-            cell="frozen-cell", epoch=1, tenant_id="moving-tenant", uid="u", max_running=1,
+            cell="frozen-cell", epoch=1, tenant_id="moving-tenant", uid="u", max_running_jobs=1,
             moving=True)))
         log = plane.kube.run_dir / "logs" / "patient-router.log"
         wait_for(lambda: "holding a request of tenant moving-tenant" in log.read_text(),
@@ -215,7 +215,7 @@ def test_a_moving_tenant_is_held_through_the_cutover_then_sent_to_its_new_cell(
         assert not answers
         # The cutover ends: the record names the target under epoch + 1.
         etcd(plane, lambda store: mark(store, PlacementRecord(
-            cell="route-a1", epoch=2, tenant_id="moving-tenant", uid="u", max_running=1)))
+            cell="route-a1", epoch=2, tenant_id="moving-tenant", uid="u", max_running_jobs=1)))
         request.join(timeout=MOVE_HOLD_SECONDS + 10)
         [answer] = answers
         # The target cell answered (it knows no such key): the held request went there,
@@ -232,7 +232,7 @@ def test_a_moving_tenant_is_held_through_the_cutover_then_sent_to_its_new_cell(
 def test_a_tenant_still_moving_when_the_hold_ends_is_told_to_retry(
         plane: RegionPlane, router: str) -> None:
     record = PlacementRecord(cell="route-a1", epoch=1, tenant_id="stuck-tenant", uid="u",
-                             max_running=1, moving=True)
+                             max_running_jobs=1, moving=True)
     etcd(plane, lambda store: PlacementRecords(store).create(
         TenantKey("stuck", "tenant"), record, guard=[]))
     started = time.monotonic()

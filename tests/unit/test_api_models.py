@@ -177,12 +177,12 @@ def test_every_quota_has_a_spec_field_and_a_ceiling_rule() -> None:
 
 
 def test_ceiling_rules_follow_the_table() -> None:
-    raised = {plan: Quotas(max_running=limits.max_running + 1,
+    raised = {plan: Quotas(max_running_jobs=limits.max_running_jobs + 1,
                            jobs_per_second=limits.jobs_per_second,
                            burst=limits.burst, daily_spend_limit=limits.daily_spend_limit)
               for plan, limits in PLAN_CEILINGS.items()}
     rules = [rule.rule for rule in quota_ceiling_rules(raised)]
-    assert any(r.endswith(f"self.quotas.maxRunningJobs <= {PLAN_CEILINGS[Plan.FREE].max_running + 1}")
+    assert any(r.endswith(f"self.quotas.maxRunningJobs <= {PLAN_CEILINGS[Plan.FREE].max_running_jobs + 1}")
                for r in rules)
     # A double quota compares with a double literal, an integer one with an integer.
     assert any(r.endswith("self.quotas.jobsPerSecond <= 1.0") for r in rules)

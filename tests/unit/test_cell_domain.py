@@ -15,14 +15,14 @@ from cellplane_cells.domain.targets import UrlRefused, check_url
 
 
 def test_plan_defaults_follow_the_seed() -> None:
-    assert [PLAN_DEFAULTS[p].max_running for p in Plan] == [2, 5, 20]
+    assert [PLAN_DEFAULTS[p].max_running_jobs for p in Plan] == [2, 5, 20]
     assert PLAN_DEFAULTS[Plan.ENTERPRISE].burst == 60
 
 
 def test_overrides_within_ceilings_are_taken_and_above_them_refused() -> None:
-    assert quotas_for(Plan.PRO, max_running=10).max_running == 10
+    assert quotas_for(Plan.PRO, max_running_jobs=10).max_running_jobs == 10
     with pytest.raises(ValueError, match="ceiling"):
-        quotas_for(Plan.FREE, max_running=3)
+        quotas_for(Plan.FREE, max_running_jobs=3)
     with pytest.raises(ValueError, match="only enterprise"):
         quotas_for(Plan.PRO, daily_spend_limit=5)
 

@@ -146,7 +146,7 @@ def test_the_scene_shows_every_plan_a_dedicated_tenant_and_a_noisy_one() -> None
     assert [t.isolation for t in TENANTS].count("dedicated") == 1
     noisy = next(t for t in TENANTS if t.name == NOISY)
     assert noisy.rate > 2 * noisy.quotas["jobsPerSecond"]
-    assert noisy.max_running < max(t.max_running for t in TENANTS)
+    assert noisy.max_running_jobs < max(t.max_running_jobs for t in TENANTS)
     objects = manifests(settings_for(True), "http://127.0.0.1:9/run")
     cells = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Cell"}
     assert set(cells) == {LOST_CELL, MOVE_TARGET, DEDICATED_CELL}

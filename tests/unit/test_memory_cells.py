@@ -79,7 +79,7 @@ async def test_a_tenant_copied_between_two_fake_cells_ends_equal_and_served_by_t
     cells = InMemoryCells()
     for admin in (ADMIN, OTHER):
         cells.add(admin, token=TOKEN, allow_private=True)
-    await cells.put_tenant(ADMIN, TOKEN, "t1", {"plan": "pro", "max_running": 3})
+    await cells.put_tenant(ADMIN, TOKEN, "t1", {"plan": "pro", "max_running_jobs": 3})
     await cells.put_endpoints(ADMIN, TOKEN, "t1", [("a", "http://127.0.0.1:9/a")],
                               [("http://127.0.0.1:9/hook", 2)], SECRET)
     copy = TenantCopy(cells, tenant_id="t1", move_id="m1", source=CellEnd("a", ADMIN, TOKEN),
@@ -102,7 +102,7 @@ async def test_a_tenant_copied_between_two_fake_cells_ends_equal_and_served_by_t
     await copy.finish_source(60)
     moved, kept = cells.cell(OTHER).tenants["t1"], cells.cell(ADMIN).tenants["t1"]
     assert (moved.state, moved.epoch, moved.quotas, moved.targets) == (
-        "active", 2, {"max_running": 3}, {"a": "http://127.0.0.1:9/a", "b": "http://127.0.0.1:9/b"})
+        "active", 2, {"max_running_jobs": 3}, {"a": "http://127.0.0.1:9/a", "b": "http://127.0.0.1:9/b"})
     assert (kept.state, kept.retain_seconds) == ("moved", 60)
 
 

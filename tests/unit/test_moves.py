@@ -36,7 +36,7 @@ TARGET = CellCandidate(name=CellName("shared-b1"), region=Region("region-b"), ti
                        ready=True, phase="Ready", draining=False, has_standby=True,
                        tenant_capacity=10, worker_slots=40, tenants_placed=3, slots_in_use=15)
 REQUEST = MoveRequest(tenant="acme", isolation=Tier.SHARED, source_cell="shared-a1",
-                      max_running=5, target=TARGET, target_name="shared-b1")
+                      max_running_jobs=5, target=TARGET, target_name="shared-b1")
 
 
 def test_a_move_to_a_ready_cell_with_room_is_admitted() -> None:
@@ -53,7 +53,7 @@ def test_a_move_to_a_ready_cell_with_room_is_admitted() -> None:
      RefusalReason.NOT_READY, "Provisioning"),
     (replace(REQUEST, target=replace(TARGET, draining=True)), RefusalReason.NOT_READY,
      "draining"),
-    (replace(REQUEST, max_running=30), RefusalReason.NO_CAPACITY, "25 free worker slots for 30"),
+    (replace(REQUEST, max_running_jobs=30), RefusalReason.NO_CAPACITY, "25 free worker slots for 30"),
     (replace(REQUEST, target=replace(TARGET, tenants_placed=10)), RefusalReason.NO_CAPACITY,
      "10/10 tenants"),
     (replace(REQUEST, other_moves=("acme-to-b",)), RefusalReason.ALREADY_MOVING, "acme-to-b"),

@@ -32,12 +32,12 @@ def cell(name: str, *, region: Region = A, tier: Tier = Tier.SHARED, phase: str 
                          slots_in_use=used)
 
 
-def request(max_running: int = 5, *, namespace: str = "acme", name: str = "prod",
+def request(max_running_jobs: int = 5, *, namespace: str = "acme", name: str = "prod",
             isolation: Tier = Tier.SHARED, region: Region = A,
             policy: RegionPolicy = RegionPolicy.SINGLE_REGION,
             pinned: str | None = None) -> PlacementRequest:
     return PlacementRequest(namespace=namespace, name=name, isolation=isolation, home_region=region,
-                            region_policy=policy, max_running=max_running, pinned_cell=pinned)
+                            region_policy=policy, max_running_jobs=max_running_jobs, pinned_cell=pinned)
 
 
 def unplaceable(outcome: Outcome, reason: UnplaceableReason) -> str:
@@ -379,7 +379,7 @@ requests = st.builds(
     isolation=st.sampled_from([Tier.SHARED] * 5 + [Tier.DEDICATED]),
     home_region=st.sampled_from([A, B]),
     region_policy=st.sampled_from([RegionPolicy.SINGLE_REGION, RegionPolicy.HOME_ASYNC]),
-    max_running=st.sampled_from([0, 2, 5, 20]),
+    max_running_jobs=st.sampled_from([0, 2, 5, 20]),
     pinned_cell=st.one_of(st.none(), st.none(), st.none(), st.sampled_from(["c00", "c01", "nope"])))
 
 
@@ -394,7 +394,7 @@ def test_a_sequence_never_overfills_a_cell_and_agrees_with_place(
         assert placer.place(r) == expected
         if isinstance(expected, PlaceIn):
             before = current[expected.cell]
-            current[expected.cell] = before.with_tenant(r.max_running)
+            current[expected.cell] = before.with_tenant(r.max_running_jobs)
             if r.isolation is Tier.SHARED:
                 after = current[expected.cell]
                 assert after.tenants_placed <= after.tenant_capacity
@@ -409,16 +409,16 @@ def test_the_chosen_cell_is_among_the_least_loaded_eligible_ones(
         cells: list[CellCandidate], r: PlacementRequest) -> None:
     r = replace(r, isolation=Tier.SHARED, pinned_cell=None)
     eligible = [c for c in cells if c.tier is Tier.SHARED and c.region == r.home_region
-                and c.ready and not c.draining and c.fits(r.max_running)
+                and c.ready and not c.draining and c.fits(r.max_running_jobs)
                 and (r.region_policy is RegionPolicy.SINGLE_REGION or c.has_standby)]
     outcome = place(r, cells)
     if not eligible:
         assert isinstance(outcome, Unplaceable | WaitForCell)
         return
     assert isinstance(outcome, PlaceIn)
-    least = min(Fraction(c.slots_in_use + r.max_running, c.worker_slots) for c in eligible)
+    least = min(Fraction(c.slots_in_use + r.max_running_jobs, c.worker_slots) for c in eligible)
     chosen = next(c for c in eligible if c.name == outcome.cell)
-    assert Fraction(chosen.slots_in_use + r.max_running, chosen.worker_slots) == least
+    assert Fraction(chosen.slots_in_use + r.max_running_jobs, chosen.worker_slots) == least
 
 
 @settings(max_examples=200, deadline=None)

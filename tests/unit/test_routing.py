@@ -15,7 +15,7 @@ SITE_KEY = "/cellplane/cells/shared-a1/sites/region-a"
 
 def record(cell: str = "shared-a1", epoch: int = 1, *, moving: bool = False) -> bytes:
     return PlacementRecord(cell=cell, epoch=epoch, tenant_id="team--a-acme", uid="u",
-                           max_running=5, moving=moving).encode()
+                           max_running_jobs=5, moving=moving).encode()
 
 
 def owner(region: str = "region-a", epoch: int = 3) -> bytes:
@@ -94,7 +94,7 @@ def test_a_moving_tenant_is_held_until_its_record_names_the_target() -> None:
     # Its source cell still serves other tenants: only this tenant is held.
     assert placement.apply("/cellplane/tenants/team-a/other", json.dumps(
         {"cell": "shared-a1", "epoch": 1, "tenantId": "team--a-other", "uid": "v",
-         "maxRunning": 1}).encode(), 21)
+         "maxRunningJobs": 1}).encode(), 21)
     assert isinstance(placement.resolve("team--a-other"), Route)
     # The cutover ends: the record names the target under epoch + 1, no longer moving.
     assert placement.apply(TENANT_KEY, record("dedicated-b1", 2), 22)
@@ -109,20 +109,20 @@ def test_a_record_without_the_moving_flag_is_not_moving() -> None:
     placement = full_map()
     placement.apply(TENANT_KEY, json.dumps({"cell": "shared-a1", "epoch": 1,
                                             "tenantId": "team--a-acme", "uid": "u",
-                                            "maxRunning": 5, "moving": False}).encode(), 20)
+                                            "maxRunningJobs": 5, "moving": False}).encode(), 20)
     assert isinstance(placement.resolve("team--a-acme"), Route)
 
 
 def test_placement_records_round_trip_and_a_record_not_moving_encodes_as_before() -> None:
     still = PlacementRecord(cell="shared-a1", epoch=3, tenant_id="team--a-acme", uid="u-1",
-                            max_running=5)
+                            max_running_jobs=5)
     moving = PlacementRecord(cell="shared-a1", epoch=3, tenant_id="team--a-acme", uid="u-1",
-                             max_running=5, moving=True)
+                             max_running_jobs=5, moving=True)
     for each in (still, moving):
         assert PlacementRecord.decode(each.encode()) == each
     # Byte for byte what records written before the flag existed hold: ``delete``
     # compares the stored value with the encoding.
-    assert still.encode() == (b'{"cell": "shared-a1", "epoch": 3, "maxRunning": 5, '
+    assert still.encode() == (b'{"cell": "shared-a1", "epoch": 3, "maxRunningJobs": 5, '
                               b'"tenantId": "team--a-acme", "uid": "u-1"}')
     assert "moving" not in json.loads(still.encode())
     assert json.loads(moving.encode())["moving"] is True
@@ -135,7 +135,7 @@ def test_a_record_with_the_keys_digest_lets_the_map_check_the_whole_key() -> Non
     key = "cpk_team--a-acme.s3cr3t"
     placement = PlacementMap()
     placement.apply(TENANT_KEY, PlacementRecord(
-        cell="shared-a1", epoch=1, tenant_id="team--a-acme", uid="u", max_running=5,
+        cell="shared-a1", epoch=1, tenant_id="team--a-acme", uid="u", max_running_jobs=5,
         key_digest=key_digest(key)).encode(), 10)
     assert placement.check_key(key) is KeyCheck.VALID
     assert placement.check_key("cpk_team--a-acme.wrong") is KeyCheck.INVALID
@@ -150,9 +150,9 @@ def test_a_record_with_the_keys_digest_lets_the_map_check_the_whole_key() -> Non
 
 
 def test_the_digest_is_written_only_once_known_so_older_records_encode_as_before() -> None:
-    plain = PlacementRecord(cell="c", epoch=2, tenant_id="t", uid="u", max_running=1)
+    plain = PlacementRecord(cell="c", epoch=2, tenant_id="t", uid="u", max_running_jobs=1)
     assert b"keyDigest" not in plain.encode()
-    with_digest = PlacementRecord(cell="c", epoch=2, tenant_id="t", uid="u", max_running=1,
+    with_digest = PlacementRecord(cell="c", epoch=2, tenant_id="t", uid="u", max_running_jobs=1,
                                   key_digest="ab" * 32)
     assert PlacementRecord.decode(with_digest.encode()) == with_digest
     assert PlacementRecord.decode(plain.encode()) == plain

@@ -81,7 +81,7 @@ async def test_a_tenant_in_a_ready_shared_cell_is_placed_keyed_and_provisioned(p
     # The record is what the router routes by: it carries the key's digest only once
     # the cell holds the key.
     record = (await plane.records())[TenantKey(NS, "acme")]
-    assert (record.cell, record.epoch, record.tenant_id, record.max_running) == (
+    assert (record.cell, record.epoch, record.tenant_id, record.max_running_jobs) == (
         "a1", 1, status["tenantId"], 5)
     assert record.key_digest == key_digest(key["api-key"])
 
@@ -108,9 +108,9 @@ async def test_a_quota_change_reaches_the_cell_and_the_record(plane: Plane) -> N
     status = await status_where(plane, "tuned", "generation 2 applied",
                                 lambda s: s.get("observedGeneration") == 2 and ready(s))
     assert status["quotas"]["maxRunningJobs"] == 9
-    assert cell.tenants[tenant_id].quotas == {"max_running": 9, "burst": 40}
+    assert cell.tenants[tenant_id].quotas == {"max_running_jobs": 9, "burst": 40}
     # The record counts the cell's slots: placement of the next tenant depends on it.
-    assert (await plane.records())[TenantKey(NS, "tuned")].max_running == 9
+    assert (await plane.records())[TenantKey(NS, "tuned")].max_running_jobs == 9
 
 
 async def test_a_refused_target_url_leaves_the_tenant_not_ready_naming_the_field_once(

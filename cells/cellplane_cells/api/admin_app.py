@@ -43,7 +43,7 @@ TenantId = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 class TenantUpsert(RequestBody):
     plan: Plan = Field(strict=False)
-    max_running: int | None = Field(default=None, ge=0)
+    max_running_jobs: int | None = Field(default=None, ge=0)
     jobs_per_second: float | None = Field(default=None, gt=0)
     burst: int | None = Field(default=None, ge=1)
     daily_spend_limit: int | None = Field(default=None, ge=0)
@@ -170,7 +170,7 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
 
     @app.put("/admin/v1/tenants/{tenant_id}", dependencies=guarded)
     def put_tenant(tenant_id: TenantId, body: TenantUpsert) -> dict[str, Any]:
-        spec = TenantSpec(tenant_id, body.plan, max_running=body.max_running,
+        spec = TenantSpec(tenant_id, body.plan, max_running_jobs=body.max_running_jobs,
                           jobs_per_second=body.jobs_per_second, burst=body.burst,
                           daily_spend_limit=body.daily_spend_limit)
         with pool.connection() as conn:

@@ -22,7 +22,7 @@ class Plan(str, Enum):
 
 @dataclass(frozen=True)
 class Quotas:
-    max_running: int
+    max_running_jobs: int
     """Jobs of the tenant that may run at once; enforced in the claim statement."""
     jobs_per_second: float
     """Sustained submission rate of the API's token bucket."""
@@ -33,20 +33,20 @@ class Quotas:
 
 
 PLAN_DEFAULTS: dict[Plan, Quotas] = {
-    Plan.FREE: Quotas(max_running=2, jobs_per_second=0.2, burst=5, daily_spend_limit=None),
-    Plan.PRO: Quotas(max_running=5, jobs_per_second=0.5, burst=20, daily_spend_limit=None),
-    Plan.ENTERPRISE: Quotas(max_running=20, jobs_per_second=1.0, burst=60,
+    Plan.FREE: Quotas(max_running_jobs=2, jobs_per_second=0.2, burst=5, daily_spend_limit=None),
+    Plan.PRO: Quotas(max_running_jobs=5, jobs_per_second=0.5, burst=20, daily_spend_limit=None),
+    Plan.ENTERPRISE: Quotas(max_running_jobs=20, jobs_per_second=1.0, burst=60,
                             daily_spend_limit=1_000_000_000),
 }
 
 PLAN_CEILINGS: dict[Plan, Quotas] = {
-    Plan.FREE: Quotas(max_running=2, jobs_per_second=1.0, burst=10, daily_spend_limit=None),
-    Plan.PRO: Quotas(max_running=50, jobs_per_second=20.0, burst=200, daily_spend_limit=None),
-    Plan.ENTERPRISE: Quotas(max_running=500, jobs_per_second=500.0, burst=5000,
+    Plan.FREE: Quotas(max_running_jobs=2, jobs_per_second=1.0, burst=10, daily_spend_limit=None),
+    Plan.PRO: Quotas(max_running_jobs=50, jobs_per_second=20.0, burst=200, daily_spend_limit=None),
+    Plan.ENTERPRISE: Quotas(max_running_jobs=500, jobs_per_second=500.0, burst=5000,
                             daily_spend_limit=10**13),
 }
 
-QUOTA_FLOORS = Quotas(max_running=0, jobs_per_second=0.001, burst=1, daily_spend_limit=0)
+QUOTA_FLOORS = Quotas(max_running_jobs=0, jobs_per_second=0.001, burst=1, daily_spend_limit=0)
 """The least value of each quota on every plan. The Tenant CRD's minimums are these
 (``api/v1alpha1.py`` reads them), so what the apiserver admits a cell accepts. A rate
 under one job per 1000 s is a mistake, not a limit: the bucket would take days to refill."""
@@ -55,15 +55,15 @@ under one job per 1000 s is a mistake, not a limit: the bucket would take days t
 def quotas_for(
     plan: Plan,
     *,
-    max_running: int | None = None,
+    max_running_jobs: int | None = None,
     jobs_per_second: float | None = None,
     burst: int | None = None,
     daily_spend_limit: int | None = None,
 ) -> Quotas:
     """The plan's defaults with the given overrides; raises ValueError above a ceiling."""
     quotas = PLAN_DEFAULTS[plan]
-    if max_running is not None:
-        quotas = replace(quotas, max_running=max_running)
+    if max_running_jobs is not None:
+        quotas = replace(quotas, max_running_jobs=max_running_jobs)
     if jobs_per_second is not None:
         quotas = replace(quotas, jobs_per_second=jobs_per_second)
     if burst is not None:
@@ -73,7 +73,7 @@ def quotas_for(
             raise ValueError("only enterprise tenants have a daily spend limit")
         quotas = replace(quotas, daily_spend_limit=daily_spend_limit)
     ceiling = PLAN_CEILINGS[plan]
-    for field in ("max_running", "jobs_per_second", "burst"):
+    for field in ("max_running_jobs", "jobs_per_second", "burst"):
         value, limit = getattr(quotas, field), getattr(ceiling, field)
         if value > limit:
             raise ValueError(f"{field} {value} is above the {plan.value} plan's ceiling of {limit}")

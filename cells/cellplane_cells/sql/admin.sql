@@ -5,13 +5,13 @@
 -- the fairness position and the epoch are never touched here. A retired
 -- tenant (removed with policy=retain) is placed here again: active, with the
 -- key it had unless a new one is given. Paused and frozen stay as they are.
-INSERT INTO tenants (tenant_id, plan, max_running, jobs_per_second, burst, daily_spend_limit,
+INSERT INTO tenants (tenant_id, plan, max_running_jobs, jobs_per_second, burst, daily_spend_limit,
                      signing_secret, api_key_hash)
-VALUES (%(tenant_id)s, %(plan)s, %(max_running)s, %(jobs_per_second)s, %(burst)s,
+VALUES (%(tenant_id)s, %(plan)s, %(max_running_jobs)s, %(jobs_per_second)s, %(burst)s,
         %(daily_spend_limit)s, %(signing_secret)s, %(api_key_hash)s)
 ON CONFLICT (tenant_id) DO UPDATE
    SET state = CASE WHEN tenants.state = 'retired' THEN 'active' ELSE tenants.state END,
-       plan = EXCLUDED.plan, max_running = EXCLUDED.max_running,
+       plan = EXCLUDED.plan, max_running_jobs = EXCLUDED.max_running_jobs,
        jobs_per_second = EXCLUDED.jobs_per_second, burst = EXCLUDED.burst,
        daily_spend_limit = EXCLUDED.daily_spend_limit,
        api_key_hash = coalesce(EXCLUDED.api_key_hash, tenants.api_key_hash),
@@ -56,7 +56,7 @@ UPDATE tenants SET state = %(state)s, updated_at = now() WHERE tenant_id = %(ten
 RETURNING tenant_id;
 
 -- name: tenant_summary
-SELECT t.tenant_id, t.plan, t.state, t.epoch, t.max_running, t.running, t.jobs_per_second,
+SELECT t.tenant_id, t.plan, t.state, t.epoch, t.max_running_jobs, t.running, t.jobs_per_second,
        t.burst, t.daily_spend_limit, w.available, w.reserved,
        (SELECT count(*) FROM jobs j WHERE j.tenant_id = t.tenant_id AND j.status = 'queued') AS queued
   FROM tenants t LEFT JOIN wallets w USING (tenant_id)
@@ -97,9 +97,9 @@ UPDATE jobs SET redriven_to = %(job_id)s WHERE job_id = %(old_job_id)s;
 
 -- name: queue_stats
 -- For the metrics: per tenant, the age of the oldest queued job and the slots in use.
-SELECT t.tenant_id, t.running, t.max_running,
+SELECT t.tenant_id, t.running, t.max_running_jobs,
        coalesce(extract(epoch FROM now() - min(j.created_at)), 0) AS oldest_queued_seconds,
        count(j.job_id) AS queued
   FROM tenants t
   LEFT JOIN jobs j ON j.tenant_id = t.tenant_id AND j.status = 'queued'
- GROUP BY t.tenant_id, t.running, t.max_running;
+ GROUP BY t.tenant_id, t.running, t.max_running_jobs;

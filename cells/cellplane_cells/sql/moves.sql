@@ -264,10 +264,10 @@ SELECT tenant_id, state, move_id FROM tenants WHERE tenant_id = %(tenant_id)s FO
 -- name: movein_create_tenant
 -- Frozen until the move activates it: no claim, no submission. No running
 -- jobs here, first in the round-robin, under the move's epoch.
-INSERT INTO tenants (tenant_id, plan, state, epoch, max_running, jobs_per_second, burst,
+INSERT INTO tenants (tenant_id, plan, state, epoch, max_running_jobs, jobs_per_second, burst,
                      daily_spend_limit, running, last_served_at, api_key_hash, signing_secret,
                      move_id, created_at)
-SELECT tenant_id, plan, 'frozen', %(epoch)s, max_running, jobs_per_second, burst,
+SELECT tenant_id, plan, 'frozen', %(epoch)s, max_running_jobs, jobs_per_second, burst,
        daily_spend_limit, 0, '-infinity', api_key_hash, signing_secret, %(move_id)s, created_at
   FROM json_populate_record(null::tenants, %(row)s::json)
  WHERE tenant_id = %(tenant_id)s;
@@ -276,7 +276,7 @@ SELECT tenant_id, plan, 'frozen', %(epoch)s, max_running, jobs_per_second, burst
 -- Plan, quotas, key and signing secret follow the source; state, epoch and
 -- the counters are this cell's own.
 UPDATE tenants t
-   SET plan = r.plan, max_running = r.max_running, jobs_per_second = r.jobs_per_second,
+   SET plan = r.plan, max_running_jobs = r.max_running_jobs, jobs_per_second = r.jobs_per_second,
        burst = r.burst, daily_spend_limit = r.daily_spend_limit, api_key_hash = r.api_key_hash,
        signing_secret = r.signing_secret, updated_at = now()
   FROM json_populate_record(null::tenants, %(row)s::json) r

@@ -20,7 +20,7 @@ SELECT c.priority
                          AND q.status = 'queued' AND q.run_after <= now()
                        ORDER BY q.created_at, q.job_id
                        LIMIT 1) due
-                WHERE t.state = 'active' AND t.running < t.max_running);
+                WHERE t.state = 'active' AND t.running < t.max_running_jobs);
 
 -- name: claim_jobs
 -- Jobs of one priority class (the worker decides which, domain/priorities.py).
@@ -46,7 +46,7 @@ WITH seen AS MATERIALIZED (
       FROM tenants t
       LEFT JOIN tenant_class_turns u ON u.tenant_id = t.tenant_id AND u.priority = %(priority)s
      WHERE t.state = 'active'
-       AND t.running < t.max_running
+       AND t.running < t.max_running_jobs
        AND EXISTS (SELECT 1 FROM jobs q
                     WHERE q.priority = %(priority)s AND q.tenant_id = t.tenant_id
                       AND q.status = 'queued' AND q.run_after <= now())
@@ -55,7 +55,7 @@ WITH seen AS MATERIALIZED (
       FROM tenants t
       JOIN seen ON seen.tenant_id = t.tenant_id
      WHERE t.last_served_at = seen.at
-       AND t.running < t.max_running
+       AND t.running < t.max_running_jobs
        AND t.state = 'active'
      ORDER BY seen.turn, seen.at, t.tenant_id
      LIMIT %(batch)s

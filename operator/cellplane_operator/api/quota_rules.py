@@ -19,7 +19,7 @@ from cellplane_operator.api.base import Rule
 __all__ = ["QUOTA_FIELDS", "quota_ceiling_rules"]
 
 QUOTA_FIELDS: dict[str, str] = {
-    "maxRunningJobs": "max_running",
+    "maxRunningJobs": "max_running_jobs",
     "jobsPerSecond": "jobs_per_second",
     "burst": "burst",
     "dailySpendLimit": "daily_spend_limit",

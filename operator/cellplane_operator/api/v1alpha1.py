@@ -423,7 +423,7 @@ class TenantQuotas(ApiModel):
     """Limits of one tenant, enforced by its cell."""
 
     # The floors are the cell's own (cellplane_cells.domain.plans), as the ceilings are.
-    max_running_jobs: Integer | None = Field(default=None, ge=QUOTA_FLOORS.max_running)
+    max_running_jobs: Integer | None = Field(default=None, ge=QUOTA_FLOORS.max_running_jobs)
     """Jobs of the tenant that may run at once."""
     jobs_per_second: float | None = Field(default=None, ge=QUOTA_FLOORS.jobs_per_second)
     """Sustained submission rate of the tenant API's token bucket."""

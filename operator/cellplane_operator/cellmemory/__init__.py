@@ -51,7 +51,7 @@ __all__ = ["InMemoryCells", "FakeCell", "FakeTenant", "public_resolver"]
 
 _TENANT_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TARGET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUOTA_KEYS = ("max_running", "jobs_per_second", "burst", "daily_spend_limit")
+_QUOTA_KEYS = ("max_running_jobs", "jobs_per_second", "burst", "daily_spend_limit")
 
 
 class InMemoryCells(FakeMoves):

@@ -28,7 +28,7 @@ def public_resolver(host: str) -> list[str]:
 class FakeTenant:
     plan: str
     quotas: dict[str, Any]
-    """The overrides it was last given (``max_running``...), as the PUT carried them."""
+    """The overrides it was last given (``max_running_jobs``...), as the PUT carried them."""
     api_key: str
     targets: dict[str, str] = field(default_factory=dict)
     """URL by target name."""

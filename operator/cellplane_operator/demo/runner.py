@@ -134,7 +134,7 @@ class DemoRun:
         self.timeline.say(
             "load: every tenant submits jobs of 2 steps through its home region's router; "
             f"{scene.NOISY} asks for {noisy.rate:g}/s, far above its bucket "
-            f"({self.settings.noisy_bucket[0]:g}/s) and its cap ({noisy.max_running} running)")
+            f"({self.settings.noisy_bucket[0]:g}/s) and its cap ({noisy.max_running_jobs} running)")
         self._sampler = threading.Thread(target=self._sample, daemon=True, name="demo sampler")
         self._sampler.start()
         # A slow tenant (the free one) is not waited on for longer than about 15 s.
@@ -312,7 +312,7 @@ class DemoRun:
                                     if waiting else ""))
 
         try:
-            noisy_cap = next(t for t in scene.TENANTS if t.name == scene.NOISY).max_running
+            noisy_cap = next(t for t in scene.TENANTS if t.name == scene.NOISY).max_running_jobs
             self.await_condition(f"the acknowledged jobs to finish (the noisy tenant's backlog "
                                  f"runs {noisy_cap} at a time; jobs claimed in the lost region "
                                  "resume when their 30 s claim lease runs out)", finished,
@@ -339,7 +339,7 @@ class DemoRun:
                           refused=sum(load.refused for load in self.loads.values()))
         noisy = noisy_share(list(self.samples), tenant=scene.NOISY,
                             tenant_id=self.tenant_ids[scene.NOISY],
-                            cap=noisy_tenant.max_running, cell_slots=scene.CELL_SLOTS)
+                            cap=noisy_tenant.max_running_jobs, cell_slots=scene.CELL_SLOTS)
         invariants = check_invariants(jobs=jobs, move=move, region_loss=loss, noisy=noisy,
                                       tenants=phases)
         return DemoSummary(mode=self.settings.mode, seconds=round(self.timeline.elapsed, 1),

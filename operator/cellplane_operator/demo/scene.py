@@ -44,7 +44,7 @@ class DemoTenant:
     """Clients submitting at once (each waits for its answers)."""
 
     @property
-    def max_running(self) -> int:
+    def max_running_jobs(self) -> int:
         return int(self.quotas.get("maxRunningJobs", _PLAN_RUNNING[self.plan]))
 
 

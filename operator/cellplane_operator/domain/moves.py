@@ -79,7 +79,7 @@ class MoveRequest:
     isolation: Tier
     source_cell: str | None
     """Where the tenant is placed now; None if it is not placed yet."""
-    max_running: int
+    max_running_jobs: int
     target: CellCandidate | None
     """The target cell as placement sees it; None when no cell has that name."""
     target_name: str
@@ -124,11 +124,11 @@ def admit_move(request: MoveRequest) -> Admitted | Refused:
     if not target.available:
         return Refused(RefusalReason.NOT_READY,
                        f"cell {target.name} takes no tenants now: {target.describe()}")
-    if not target.fits(request.max_running):
+    if not target.fits(request.max_running_jobs):
         return Refused(RefusalReason.NO_CAPACITY,
                        f"cell {target.name} has no room for tenant {tenant}: "
                        f"{target.tenants_placed}/{target.tenant_capacity} tenants, "
-                       f"{target.free_slots} free worker slots for {request.max_running}")
+                       f"{target.free_slots} free worker slots for {request.max_running_jobs}")
     return Admitted(target.name)
 
 

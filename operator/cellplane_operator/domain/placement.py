@@ -11,7 +11,7 @@ Rules:
 
 - **shared**, not pinned: a cell of tier shared in the home region that is
   Ready and not draining (never Draining, FailingOver, Degraded, Fenced or
-  Deleting), has ``max_running`` worker slots free and room for one more
+  Deleting), has ``max_running_jobs`` worker slots free and room for one more
   tenant; for ``HOME_ASYNC`` it must also have a standby region. Among those,
   the one least loaded *after* the tenant is added (see ``_load_after``), ties
   broken by name.
@@ -106,7 +106,7 @@ class CellCandidate:
     worker_slots: int
     tenants_placed: int = 0
     slots_in_use: int = 0
-    """The sum of the placed tenants' max_running."""
+    """The sum of the placed tenants' max_running_jobs."""
 
     @property
     def free_slots(self) -> int:
@@ -117,13 +117,13 @@ class CellCandidate:
         """Takes new tenants: Ready, not draining."""
         return self.ready and not self.draining and self.phase not in UNAVAILABLE_PHASES
 
-    def fits(self, max_running: int) -> bool:
-        return (self.worker_slots > 0 and self.free_slots >= max_running
+    def fits(self, max_running_jobs: int) -> bool:
+        return (self.worker_slots > 0 and self.free_slots >= max_running_jobs
                 and self.tenants_placed < self.tenant_capacity)
 
-    def with_tenant(self, max_running: int) -> CellCandidate:
+    def with_tenant(self, max_running_jobs: int) -> CellCandidate:
         return replace(self, tenants_placed=self.tenants_placed + 1,
-                       slots_in_use=self.slots_in_use + max_running)
+                       slots_in_use=self.slots_in_use + max_running_jobs)
 
     def describe(self) -> str:
         """The state that keeps the cell from taking tenants, for messages."""
@@ -139,14 +139,14 @@ class PlacementRequest:
     isolation: Tier
     home_region: Region
     region_policy: RegionPolicy
-    max_running: int
+    max_running_jobs: int
     """Worker slots the tenant may take: what it adds to a cell's load."""
     pinned_cell: str | None = None
     """spec.cell: place in this cell or not at all."""
 
     def __post_init__(self) -> None:
-        if self.max_running < 0:
-            raise ValueError(f"max_running must not be negative, got {self.max_running}")
+        if self.max_running_jobs < 0:
+            raise ValueError(f"max_running_jobs must not be negative, got {self.max_running_jobs}")
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ Outcome = PlaceIn | CreateDedicatedCell | WaitForCell | Unplaceable
 # --- the rules, shared by place() and Placer ---------------------------------------
 
 
-def _load_after(cell: CellCandidate, max_running: int) -> Fraction:
+def _load_after(cell: CellCandidate, max_running_jobs: int) -> Fraction:
     """The cell's slot ratio once the tenant is added.
 
     After, not before: with cells of different sizes, "least loaded now" sends
@@ -193,11 +193,11 @@ def _load_after(cell: CellCandidate, max_running: int) -> Fraction:
     for cells of one size both orders agree. Exact fractions, so equal loads
     tie exactly and the name decides.
     """
-    return Fraction(cell.slots_in_use + max_running, cell.worker_slots)
+    return Fraction(cell.slots_in_use + max_running_jobs, cell.worker_slots)
 
 
-def _rank(cell: CellCandidate, max_running: int) -> tuple[Fraction, str]:
-    return _load_after(cell, max_running), cell.name
+def _rank(cell: CellCandidate, max_running_jobs: int) -> tuple[Fraction, str]:
+    return _load_after(cell, max_running_jobs), cell.name
 
 
 def _qualifies(cell: CellCandidate, request: PlacementRequest) -> bool:
@@ -217,7 +217,7 @@ def _no_shared_cell(request: PlacementRequest, region_cells: Collection[CellCand
                     regions_with_shared_cells: Collection[Region]) -> Unplaceable | WaitForCell:
     """Why no shared cell of the home region takes the tenant (``region_cells``:
     the shared cells of the home region, whatever their state)."""
-    region, wanted = request.home_region, request.max_running
+    region, wanted = request.home_region, request.max_running_jobs
     if not region_cells:
         elsewhere = sorted(set(regions_with_shared_cells) - {region})
         return Unplaceable(UnplaceableReason.NO_CELL_IN_REGION,
@@ -285,11 +285,11 @@ def _place_pinned(request: PlacementRequest, cell: CellCandidate | None) -> Outc
         return Unplaceable(UnplaceableReason.PINNED_CELL_FULL,
                            f"pinned cell {pin} holds {cell.tenants_placed} of "
                            f"{cell.tenant_capacity} tenants")
-    if not cell.fits(request.max_running):
+    if not cell.fits(request.max_running_jobs):
         return Unplaceable(UnplaceableReason.PINNED_CELL_FULL,
                            f"pinned cell {pin} has {max(cell.free_slots, 0)} of "
                            f"{cell.worker_slots} worker slots free; the tenant needs "
-                           f"{request.max_running}")
+                           f"{request.max_running_jobs}")
     if not cell.ready:
         return WaitForCell(cell.name, WaitReason.PINNED_CELL_NOT_READY,
                            f"pinned cell {pin} is {cell.describe()}; the tenant is placed "
@@ -351,9 +351,9 @@ def place(request: PlacementRequest, cells: Iterable[CellCandidate]) -> Outcome:
     if request.pinned_cell is not None:
         return _place_pinned(request, by_name.get(CellName(request.pinned_cell)))
     fitting = [c for c in by_name.values()
-               if _qualifies(c, request) and c.fits(request.max_running)]
+               if _qualifies(c, request) and c.fits(request.max_running_jobs)]
     if fitting:
-        return PlaceIn(min(fitting, key=lambda c: _rank(c, request.max_running)).name)
+        return PlaceIn(min(fitting, key=lambda c: _rank(c, request.max_running_jobs)).name)
     shared = [c for c in by_name.values() if c.tier is Tier.SHARED]
     return _no_shared_cell(request, [c for c in shared if c.region == request.home_region],
                            {c.region for c in shared})
@@ -408,11 +408,11 @@ class Placer:
         else:
             outcome = self._place_shared(request)
         if isinstance(outcome, PlaceIn):
-            self._add(outcome.cell, request.max_running)
+            self._add(outcome.cell, request.max_running_jobs)
         return outcome
 
     def _place_shared(self, request: PlacementRequest) -> Outcome:
-        wanted = request.max_running
+        wanted = request.max_running_jobs
         best: tuple[Fraction, str] | None = None
         standby = (True,) if request.region_policy is RegionPolicy.HOME_ASYNC else (True, False)
         for has_standby in standby:
@@ -437,10 +437,10 @@ class Placer:
             heapq.heappop(heap)
         return None
 
-    def _add(self, name: CellName, max_running: int) -> None:
-        cell = self._cells[name].with_tenant(max_running)
+    def _add(self, name: CellName, max_running_jobs: int) -> None:
+        cell = self._cells[name].with_tenant(max_running_jobs)
         self._cells[name] = cell
-        if self._in_heap(cell) and max_running != 0:
+        if self._in_heap(cell) and max_running_jobs != 0:
             sizes = self._heaps[(cell.region, cell.has_standby)]
             heapq.heappush(sizes[cell.worker_slots], (cell.slots_in_use, name))
 
@@ -451,12 +451,12 @@ class CellLoad(NamedTuple):
 
 
 def cell_loads(records: Iterable[tuple[str, int]]) -> dict[str, CellLoad]:
-    """Per cell, from placement records given as (cell, max_running): tenants and slots."""
+    """Per cell, from placement records given as (cell, max_running_jobs): tenants and slots."""
     tenants: dict[str, int] = {}
     slots: dict[str, int] = {}
-    for cell, max_running in records:
+    for cell, max_running_jobs in records:
         tenants[cell] = tenants.get(cell, 0) + 1
-        slots[cell] = slots.get(cell, 0) + max_running
+        slots[cell] = slots.get(cell, 0) + max_running_jobs
     return {cell: CellLoad(tenants[cell], slots[cell]) for cell in tenants}
 
 

@@ -95,7 +95,7 @@ def plan_tenant_status(progress: TenantProgress, *, generation: int,
             status[key] = value
     if progress.quotas is not None:
         quotas = progress.quotas
-        status["quotas"] = {"maxRunningJobs": quotas.max_running,
+        status["quotas"] = {"maxRunningJobs": quotas.max_running_jobs,
                             "jobsPerSecond": quotas.jobs_per_second, "burst": quotas.burst,
                             **({"dailySpendLimit": quotas.daily_spend_limit}
                                if quotas.daily_spend_limit is not None else {})}

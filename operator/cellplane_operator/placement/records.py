@@ -1,6 +1,6 @@
 """Placement records: tenant -> (cell, epoch), one etcd key per tenant.
 
-    /cellplane/tenants/<namespace>/<name>  {"cell", "epoch", "tenantId", "uid", "maxRunning"
+    /cellplane/tenants/<namespace>/<name>  {"cell", "epoch", "tenantId", "uid", "maxRunningJobs"
                                             [, "moving": true] [, "keyDigest"]}
 
 ``moving`` is written only while it is true, and ``keyDigest`` only once it is
@@ -46,7 +46,7 @@ class PlacementRecord:
     """The tenant's id inside its cell's database."""
     uid: str
     """The Tenant object's uid: a Tenant deleted and created again is a new tenant."""
-    max_running: int
+    max_running_jobs: int
     """Worker slots the tenant may take in its cell, for the cell's load."""
     moving: bool = False
     """A move is cutting the tenant over: the router holds its requests."""
@@ -57,7 +57,7 @@ class PlacementRecord:
     def encode(self) -> bytes:
         body = asdict(self)
         document = {"cell": body["cell"], "epoch": body["epoch"], "tenantId": body["tenant_id"],
-                    "uid": body["uid"], "maxRunning": body["max_running"]}
+                    "uid": body["uid"], "maxRunningJobs": body["max_running_jobs"]}
         if self.moving:
             document["moving"] = True
         if self.key_digest is not None:
@@ -69,7 +69,7 @@ class PlacementRecord:
         body = json.loads(raw)
         return cls(cell=str(body["cell"]), epoch=int(body["epoch"]),
                    tenant_id=str(body["tenantId"]), uid=str(body["uid"]),
-                   max_running=int(body["maxRunning"]), moving=bool(body.get("moving", False)),
+                   max_running_jobs=int(body["maxRunningJobs"]), moving=bool(body.get("moving", False)),
                    key_digest=None if body.get("keyDigest") is None else str(body["keyDigest"]))
 
 

@@ -63,10 +63,10 @@ class MoveAdmission:
         else:
             target_name = spec.target_cell or _pick_in_region(
                 tenant, str(spec.target_region), source, candidates)
-        max_running = tenant.quotas().max_running
+        max_running_jobs = tenant.quotas().max_running_jobs
         outcome = admit_move(MoveRequest(
             tenant=spec.tenant, isolation=tenant.isolation, source_cell=source,
-            max_running=max_running, target=next((c for c in candidates if c.name == target_name),
+            max_running_jobs=max_running_jobs, target=next((c for c in candidates if c.name == target_name),
                                                  None),
             target_name=target_name, tenant_deleting=tenant_object.meta.deleting,
             other_moves=self._other_moves(move, spec.tenant)))
@@ -75,7 +75,7 @@ class MoveAdmission:
             region = spec.target_region or self._region_of(source) or tenant.home_region
             like = self._ctx.cache.cells.get(source or "")
             await self._support.tenants.ensure_dedicated_cell(
-                tenant_object.body, tenant, target_name, max_running, region,
+                tenant_object.body, tenant, target_name, max_running_jobs, region,
                 like.body.get("spec") if like is not None else None)
             outcome = Refused(RefusalReason.NOT_READY,
                               f"creating dedicated cell {target_name} in {region} for tenant "
@@ -167,7 +167,7 @@ def _pick_in_region(tenant: TenantSettings, region: str, source: str | None,
     outcome = place(PlacementRequest(
         namespace=tenant.namespace, name=tenant.name, isolation=tenant.isolation,
         home_region=Region(region), region_policy=RegionPolicy.SINGLE_REGION,
-        max_running=tenant.quotas().max_running, pinned_cell=None),
+        max_running_jobs=tenant.quotas().max_running_jobs, pinned_cell=None),
         [c for c in candidates if c.name != source])
     if isinstance(outcome, (Unplaceable, WaitForCell)):
         return f"(no cell in {region} fits: {outcome.message})"

@@ -97,7 +97,7 @@ class TenantSettings:
         spec = v1alpha1.TenantSpec.model_validate(body["spec"])
         overrides: dict[str, Any] = {}
         if spec.quotas is not None:
-            for ours, theirs in (("max_running", "max_running_jobs"),
+            for ours, theirs in (("max_running_jobs", "max_running_jobs"),
                                  ("jobs_per_second", "jobs_per_second"), ("burst", "burst"),
                                  ("daily_spend_limit", "daily_spend_limit")):
                 value = getattr(spec.quotas, theirs)

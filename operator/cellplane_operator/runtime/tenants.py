@@ -180,7 +180,7 @@ class TenantController:
             self._records.pop(key, None)
             stored = None
         if stored is None:
-            placed = await self._place(key, body, tenant, quotas.max_running)
+            placed = await self._place(key, body, tenant, quotas.max_running_jobs)
             if isinstance(placed, TenantProgress):
                 await self._report(key, body, placed)
                 self._queue.later(key)
@@ -190,7 +190,7 @@ class TenantController:
         progress = TenantProgress(TenantPhase.PROVISIONING, "CellNotReady", "", cell=record.cell,
                                 epoch=record.epoch, tenant_id=record.tenant_id, quotas=quotas)
         if tenant.isolation is Tier.DEDICATED:
-            await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running)
+            await self._ensure_dedicated_cell(body, tenant, record.cell, quotas.max_running_jobs)
         cell = body_of(self._ctx.cache.cells.get(record.cell))
         endpoints = ((cell or {}).get("status") or {}).get("endpoints") or {}
         where = provisioning_cell(record.cell, None if cell is None else _tenant_cell(cell))
@@ -235,8 +235,8 @@ class TenantController:
             # The key's digest only now: the router checks keys with it, so the cell
             # must hold the key before the router accepts it.
             digest = key_digest(api_key)
-            if record.max_running != quotas.max_running or record.key_digest != digest:
-                await self._update_record(key, stored, quotas.max_running, digest)
+            if record.max_running_jobs != quotas.max_running_jobs or record.key_digest != digest:
+                await self._update_record(key, stored, quotas.max_running_jobs, digest)
             self._provisioned[key] = applied
             await self._announce_provisioned(body, tenant, record, quotas)
         await self._report(key, body, replace(
@@ -256,18 +256,18 @@ class TenantController:
             return
         await self._ctx.event(body, "Normal", reason,
                               f"tenant {record.tenant_id} in cell {record.cell}: "
-                              f"{quotas.max_running} running, {quotas.jobs_per_second:g} jobs/s, "
+                              f"{quotas.max_running_jobs} running, {quotas.jobs_per_second:g} jobs/s, "
                               f"burst {quotas.burst} (generation {tenant.generation})")
 
     async def _place(self, key: TenantKey, body: dict[str, Any], tenant: TenantSettings,
-                     max_running: int) -> Stored | TenantProgress:
+                     max_running_jobs: int) -> Stored | TenantProgress:
         async with self._placing:
             if (stored := self._records.get(key)) is not None:
                 return stored
             request = PlacementRequest(
                 namespace=tenant.namespace, name=tenant.name, isolation=tenant.isolation,
                 home_region=Region(tenant.home_region), region_policy=tenant.region_policy,
-                max_running=max_running, pinned_cell=tenant.pinned_cell)
+                max_running_jobs=max_running_jobs, pinned_cell=tenant.pinned_cell)
             outcome = place(request, self._candidates())
             if isinstance(outcome, Unplaceable):
                 return TenantProgress(TenantPhase.UNPLACEABLE, outcome.reason, outcome.message)
@@ -275,7 +275,7 @@ class TenantController:
                 return TenantProgress(TenantPhase.PLACING, outcome.reason, outcome.message)
             record = PlacementRecord(cell=outcome.cell, epoch=1,
                                      tenant_id=tenant_id(tenant.namespace, tenant.name, tenant.uid),
-                                     uid=tenant.uid, max_running=max_running)
+                                     uid=tenant.uid, max_running_jobs=max_running_jobs)
             if await self._store.create(key, record, guard=self._leadership.guard()):
                 # Counted at once for the next decision; its revision is read after the
                 # lock, so one placement holds the lock for one etcd round trip only.
@@ -314,7 +314,7 @@ class TenantController:
     async def replace_record(self, key: TenantKey, stored: Stored, record: PlacementRecord) -> Stored:
         """Compare-and-swap of the record at the revision ``stored`` was read at.
 
-        A record changed meanwhile (a quota update moved ``maxRunning``) is read
+        A record changed meanwhile (a quota update moved ``maxRunningJobs``) is read
         again and the change re-applied once if it still concerns the same cell
         and epoch; anything else is a conflict for the caller to look at.
         """
@@ -331,7 +331,7 @@ class TenantController:
             if current is None or (current.record.cell, current.record.epoch) != (
                     stored.record.cell, stored.record.epoch):
                 break
-            record = replace(record, max_running=current.record.max_running,
+            record = replace(record, max_running_jobs=current.record.max_running_jobs,
                              key_digest=current.record.key_digest)
             stored = current
         raise CellplaneError(f"the placement record of {key} changed under the move; "
@@ -352,7 +352,7 @@ class TenantController:
         return self._candidates()
 
     def _candidates(self) -> list[CellCandidate]:
-        loads = cell_loads([(s.record.cell, s.record.max_running) for s in self._records.values()])
+        loads = cell_loads([(s.record.cell, s.record.max_running_jobs) for s in self._records.values()])
         candidates: list[CellCandidate] = []
         for name, found in self._ctx.cache.cells.items():
             body = found.body
@@ -387,7 +387,7 @@ class TenantController:
         return cell
 
     async def _ensure_dedicated_cell(self, body: dict[str, Any], tenant: TenantSettings,
-                                     cell: str, max_running: int, *,
+                                     cell: str, max_running_jobs: int, *,
                                      region: str | None = None,
                                      like: dict[str, Any] | None = None) -> None:
         """The tenant's own cell, in ``region`` (its home region unless a move says).
@@ -416,7 +416,7 @@ class TenantController:
             "spec": {**{k: v for k, v in (like or {}).items()
                         if k in ("driver", "lease", "failover")},
                      "region": home, "tier": "dedicated",
-                     "capacity": {"tenants": 1, "workerSlots": max(max_running, 1)},
+                     "capacity": {"tenants": 1, "workerSlots": max(max_running_jobs, 1)},
                      "standbyRegions": standby},
         }
         try:
@@ -481,10 +481,10 @@ class TenantController:
         await cells.put_endpoints(admin, token, record.tenant_id, tenant.targets, tenant.webhooks,
                                   webhook_secret)
 
-    async def _update_record(self, key: TenantKey, stored: Stored, max_running: int,
+    async def _update_record(self, key: TenantKey, stored: Stored, max_running_jobs: int,
                              digest: str) -> None:
         record = stored.record
-        updated = replace(record, max_running=max_running, key_digest=digest)
+        updated = replace(record, max_running_jobs=max_running_jobs, key_digest=digest)
         if await self._store.replace(key, updated, mod_revision=stored.mod_revision,
                                      guard=self._leadership.guard()):
             fresh = await self._store.read(key)
@@ -563,9 +563,9 @@ class TenantController:
         return await self._ctx.kube.delete(CELLS, name)
 
     async def ensure_dedicated_cell(self, body: dict[str, Any], tenant: TenantSettings,
-                                    cell: str, max_running: int, region: str,
+                                    cell: str, max_running_jobs: int, region: str,
                                     like: dict[str, Any] | None) -> None:
-        await self._ensure_dedicated_cell(body, tenant, cell, max_running, region=region,
+        await self._ensure_dedicated_cell(body, tenant, cell, max_running_jobs, region=region,
                                           like=like)
 
     # -- cells -----------------------------------------------------------------------
@@ -601,7 +601,7 @@ class TenantController:
             cell = CellSettings.from_body(body)
         except (ValueError, ValidationError) as error:
             problem = str(error)
-        tenants, slots = cell_loads([(s.record.cell, s.record.max_running)
+        tenants, slots = cell_loads([(s.record.cell, s.record.max_running_jobs)
                                      for s in self._records.values()]).get(key.name, (0, 0))
         facts = CellFacts(name=key.name, spec_problem=problem, name_ok=_is_dns_label(key.name),
                           tenants_placed=tenants, slots_in_use=slots)
@@ -636,7 +636,7 @@ class TenantController:
 
     async def _publish_load(self, cell: str) -> None:
         """The cell's tenants and slots in use, from the records, if its status differs."""
-        tenants, slots = cell_loads([(s.record.cell, s.record.max_running)
+        tenants, slots = cell_loads([(s.record.cell, s.record.max_running_jobs)
                                      for s in self._records.values()]).get(cell, (0, 0))
         body = body_of(self._ctx.cache.cells.get(cell))
         if body is None:

@@ -29,7 +29,7 @@ def seed_noisy_tenant(conninfo: str, tenants: int = TENANTS) -> list[str]:
     with psycopg.connect(conninfo) as conn:
         conn.execute("SET cellplane.epoch = '1'")
         for name in names:
-            upsert_tenant(conn, TenantSpec(name, Plan.ENTERPRISE, max_running=CAP))
+            upsert_tenant(conn, TenantSpec(name, Plan.ENTERPRISE, max_running_jobs=CAP))
         enqueue(conn, "acme", 6000)
         for name in names[1:]:
             enqueue(conn, name, 30)

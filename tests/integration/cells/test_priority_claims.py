@@ -38,7 +38,7 @@ def conn(cell_db: str) -> Iterator[psycopg.Connection[object]]:
 
 def tenants(conn: psycopg.Connection[object], *names: str, cap: int = 50) -> None:
     for name in names:
-        upsert_tenant(conn, TenantSpec(name, Plan.ENTERPRISE, max_running=cap))
+        upsert_tenant(conn, TenantSpec(name, Plan.ENTERPRISE, max_running_jobs=cap))
     conn.commit()
 
 

@@ -134,7 +134,7 @@ async def test_a_failing_target_falls_to_the_floor_and_recovers_by_additive_step
         return JSONResponse({"ok": status == 200}, status_code=status)
 
     with RecordingServer(respond) as target:
-        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", max_running=20)
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", max_running_jobs=20)
         with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
             enqueue(conn, "acme", 40)
         write(cell_db, "UPDATE jobs SET max_attempts = 100")
@@ -186,7 +186,7 @@ def gate_at(count: int, *, patience: float) -> tuple[Callable[[Call], Awaitable[
 def test_two_worker_processes_share_one_limit(cell_db: str, tmp_path: Path) -> None:
     respond, arrivals = gate_at(3, patience=1.0)
     with RecordingServer(respond) as target:
-        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", max_running=20)
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", max_running_jobs=20)
         # The target's own ceiling: 3 calls in flight, whatever each process's policy says.
         write(cell_db, "INSERT INTO target_limits (tenant_id, target, concurrency_limit,"
                        " max_concurrency) VALUES ('acme', 'default', 3, 3)")
@@ -255,7 +255,7 @@ async def test_a_breaker_opened_by_one_worker_keeps_every_worker_off_the_target(
         return JSONResponse({"error": "boom"}, status_code=500)
 
     with RecordingServer(broken) as target:
-        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", max_running=20)
+        setup_tenant(cell_db, "acme", target_url=f"{target.url}/run", max_running_jobs=20)
         with open_pool(cell_db, epoch=1) as pool, pool.connection() as conn:
             enqueue(conn, "acme", 10)
         # One call at a time (a limit of 1), so the calls before the breaker opens are exactly
