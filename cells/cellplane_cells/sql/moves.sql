@@ -263,20 +263,24 @@ SELECT tenant_id, state, move_id FROM tenants WHERE tenant_id = %(tenant_id)s FO
 
 -- name: movein_create_tenant
 -- Frozen until the move activates it: no claim, no submission. No running
--- jobs here, first in the round-robin, under the move's epoch.
+-- jobs here, first in the round-robin, under the move's epoch. A source cell
+-- before migration 0012 names the running-jobs quota `max_running`.
 INSERT INTO tenants (tenant_id, plan, state, epoch, max_running_jobs, jobs_per_second, burst,
                      daily_spend_limit, running, last_served_at, api_key_hash, signing_secret,
                      move_id, created_at)
-SELECT tenant_id, plan, 'frozen', %(epoch)s, max_running_jobs, jobs_per_second, burst,
+SELECT tenant_id, plan, 'frozen', %(epoch)s,
+       coalesce(max_running_jobs, (%(row)s::json->>'max_running')::integer), jobs_per_second, burst,
        daily_spend_limit, 0, '-infinity', api_key_hash, signing_secret, %(move_id)s, created_at
   FROM json_populate_record(null::tenants, %(row)s::json)
  WHERE tenant_id = %(tenant_id)s;
 
 -- name: movein_update_tenant
 -- Plan, quotas, key and signing secret follow the source; state, epoch and
--- the counters are this cell's own.
+-- the counters are this cell's own. `max_running`: as in movein_create_tenant.
 UPDATE tenants t
-   SET plan = r.plan, max_running_jobs = r.max_running_jobs, jobs_per_second = r.jobs_per_second,
+   SET plan = r.plan,
+       max_running_jobs = coalesce(r.max_running_jobs, (%(row)s::json->>'max_running')::integer),
+       jobs_per_second = r.jobs_per_second,
        burst = r.burst, daily_spend_limit = r.daily_spend_limit, api_key_hash = r.api_key_hash,
        signing_secret = r.signing_secret, updated_at = now()
   FROM json_populate_record(null::tenants, %(row)s::json) r

@@ -92,6 +92,23 @@ def test_export_then_import_into_another_cell_keeps_jobs_money_and_keys(cell: Ce
         target.close()
 
 
+def test_a_bundle_exported_before_the_quota_was_renamed_keeps_its_quota(  # type: ignore[no-untyped-def]
+        cell: Cell, cell_postgres) -> None:
+    cell.tenant("acme", max_running_jobs=7)
+    bundle = cell.admin.get("/admin/v1/tenants/acme/export").json()
+    # A cell before migration 0012 exports the column under its former name.
+    bundle["tenant"]["max_running"] = bundle["tenant"].pop("max_running_jobs")
+
+    target_db = create_cell_database(cell_postgres.postgres["cell"], f"target_{uuid.uuid4().hex[:8]}")
+    target = Cell(target_db)
+    try:
+        answer = target.admin.post("/admin/v1/tenants/acme/import", json={"epoch": 2, "bundle": bundle})
+        assert answer.status_code == 200, answer.text
+        assert fetch(target_db, "SELECT max_running_jobs FROM tenants") == [(7,)]
+    finally:
+        target.close()
+
+
 def test_metrics_report_queue_age_slots_and_rejections(cell: Cell) -> None:
     auth = cell.tenant("acme", burst=1)
     cell.submit(auth, "a")

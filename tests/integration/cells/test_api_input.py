@@ -180,6 +180,7 @@ def test_a_payload_nests_at_most_64_levels_so_an_export_of_it_still_parses(cell:
     {"tenant": {"tenant_id": "acme"}, "jobs": [{"job_id": "not-a-uuid"}]},
     {"tenant": {"tenant_id": "acme"}, "wallet": {"available": "lots"}},
     {"tenant": {"tenant_id": "acme", "max_running_jobs": 10**30}},
+    {"tenant": {"tenant_id": "acme", "plan": "pro", "max_running": 10**30}},
 ])
 def test_a_malformed_bundle_is_refused_as_the_clients_fault(
         cell: Cell, bundle: dict[str, object]) -> None:

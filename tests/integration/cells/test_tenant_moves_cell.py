@@ -333,6 +333,23 @@ def test_move_in_refuses_an_active_tenant_and_replaces_a_moved_copy(source: Cell
     assert other.status_code == 409 and other.json()["error"]["code"] == "tenant_exists"
 
 
+def test_move_in_takes_the_quota_from_a_source_before_the_quotas_rename(
+        source: Cell, target: Cell) -> None:
+    source.tenant("acme", max_running_jobs=7)
+    start(source)
+    page = ok(source.admin.get("/admin/v1/tenants/acme/move-out/rows", params={"table": "tenant"}))
+    # A source cell before migration 0012 sends the column under its former name.
+    row = {k: v for k, v in page["rows"][0].items() if k != "max_running_jobs"}
+    former = {**row, "max_running": page["rows"][0]["max_running_jobs"]}
+    ok(target.admin.post("/admin/v1/tenants/acme/move-in", json={
+        "move_id": MOVE, "epoch": 2, "rows": {"tenant": [former]}}))
+    assert fetch(target.conninfo, "SELECT max_running_jobs FROM tenants") == [(7,)]
+    # A quota changed at the source meanwhile comes as the changed row, named the same way.
+    ok(target.admin.post("/admin/v1/tenants/acme/move-in", json={
+        "move_id": MOVE, "epoch": 2, "rows": {"tenant": [{**former, "max_running": 4}]}}))
+    assert fetch(target.conninfo, "SELECT max_running_jobs FROM tenants") == [(4,)]
+
+
 def test_aborts_remove_the_targets_copy_and_leave_the_source_untouched(source: Cell, target: Cell) -> None:
     acme = source.tenant("acme")
     for i in range(3):
