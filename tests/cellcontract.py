@@ -69,6 +69,20 @@ async def quotas_above_the_plan_are_refused(harness: Harness, prefix: str) -> No
 
 
 @check
+async def the_running_jobs_quota_takes_its_former_name_but_not_both(harness: Harness,
+                                                                    prefix: str) -> None:
+    tenant = f"{prefix}t"
+    # What an operator from before the quota's rename (issue #23) sends.
+    await put(harness, tenant, max_running=3)
+    with pytest.raises(CellApiError) as over:
+        await put(harness, tenant, max_running=10_000)
+    assert (over.value.status, over.value.code) == (422, "quota_out_of_range")
+    with pytest.raises(CellApiError) as both:
+        await put(harness, tenant, max_running=3, max_running_jobs=3)
+    assert (both.value.status, both.value.code) == (422, "invalid_request")
+
+
+@check
 async def the_endpoints_become_exactly_the_set_given(harness: Harness, prefix: str) -> None:
     tenant, url = f"{prefix}t", harness.allowed
     await put(harness, tenant)

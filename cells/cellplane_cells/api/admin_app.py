@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
-from pydantic import Field
+from pydantic import AliasChoices, Field, model_validator
 
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -43,12 +43,28 @@ TenantId = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 class TenantUpsert(RequestBody):
     plan: Plan = Field(strict=False)
-    max_running_jobs: int | None = Field(default=None, ge=0)
+    # `max_running` is the name operators sent before the quota had one name from the
+    # CRD to the column (migration 0012): still accepted, so an operator not yet
+    # upgraded keeps setting the quota of the cells that are.
+    max_running_jobs: int | None = Field(
+        default=None, ge=0, validation_alias=AliasChoices("max_running_jobs", "max_running"),
+        description="Jobs of the tenant that may run at once. "
+                    "`max_running`, its former name, is accepted (deprecated).")
     jobs_per_second: float | None = Field(default=None, gt=0)
     burst: int | None = Field(default=None, ge=1)
     daily_spend_limit: int | None = Field(default=None, ge=0)
     api_key: str | None = Field(default=None, min_length=24, max_length=200,
                                 description="Set the tenant's key; one is made if absent.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_for_the_running_cap(cls, data: Any) -> Any:
+        # Without this, pydantic would take max_running_jobs and refuse the other
+        # as an unknown field: a 422 either way, but this one says why.
+        if isinstance(data, dict) and {"max_running_jobs", "max_running"} <= data.keys():
+            raise ValueError("max_running is the deprecated name of max_running_jobs: "
+                             "give only max_running_jobs")
+        return data
 
 
 class TargetIn(RequestBody):

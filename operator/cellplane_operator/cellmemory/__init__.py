@@ -52,6 +52,8 @@ __all__ = ["InMemoryCells", "FakeCell", "FakeTenant", "public_resolver"]
 _TENANT_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TARGET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUOTA_KEYS = ("max_running_jobs", "jobs_per_second", "burst", "daily_spend_limit")
+_FORMER_QUOTA_KEYS = {"max_running": "max_running_jobs"}
+"""Names a cell's admin API still accepts for a quota (deprecated), as before issue #23."""
 
 
 class InMemoryCells(FakeMoves):
@@ -85,6 +87,9 @@ class InMemoryCells(FakeMoves):
         url = f"{admin}/admin/v1/tenants/{tenant_id}"
         cell = self._reach("PUT", url, admin, token)
         _check_tenant_id("PUT", url, tenant_id)
+        if any(_FORMER_QUOTA_KEYS[k] in body for k in body if k in _FORMER_QUOTA_KEYS):
+            raise refusal("PUT", url, 422, "invalid_request", "the request does not match the schema")
+        body = {_FORMER_QUOTA_KEYS.get(k, k): v for k, v in body.items()}
         unknown = sorted(set(body) - {"plan", "api_key", *_QUOTA_KEYS})
         if "plan" not in body or unknown:
             raise refusal("PUT", url, 422, "invalid_request", "the request does not match the schema")

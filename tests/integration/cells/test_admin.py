@@ -109,6 +109,27 @@ def test_a_bundle_exported_before_the_quota_was_renamed_keeps_its_quota(  # type
         target.close()
 
 
+def test_the_running_jobs_quota_may_still_be_given_by_its_former_name(cell: Cell) -> None:
+    named = cell.admin.put("/admin/v1/tenants/acme", json={"plan": "pro", "max_running_jobs": 7})
+    assert named.status_code == 200, named.text
+    assert named.json()["tenant"]["max_running_jobs"] == 7
+    # An operator from before the rename (migration 0012) sends `max_running`.
+    former = cell.admin.put("/admin/v1/tenants/acme", json={"plan": "pro", "max_running": 3})
+    assert former.status_code == 200, former.text
+    assert former.json()["tenant"]["max_running_jobs"] == 3
+    assert fetch(cell.conninfo, "SELECT max_running_jobs FROM tenants") == [(3,)]
+    # Both names at once: refused, whatever the values, and nothing changes.
+    for running, former_running in ((4, 6), (4, 4)):
+        both = cell.admin.put("/admin/v1/tenants/acme", json={
+            "plan": "pro", "max_running_jobs": running, "max_running": former_running})
+        assert both.status_code == 422, both.text
+        assert "deprecated name of max_running_jobs" in both.json()["error"]["fields"][0]["problem"]
+    # The former name is held to the plan's ceiling as the new one is (pro: 50).
+    assert cell.admin.put("/admin/v1/tenants/acme",
+                          json={"plan": "pro", "max_running": 51}).status_code == 422
+    assert fetch(cell.conninfo, "SELECT max_running_jobs FROM tenants") == [(3,)]
+
+
 def test_metrics_report_queue_age_slots_and_rejections(cell: Cell) -> None:
     auth = cell.tenant("acme", burst=1)
     cell.submit(auth, "a")
