@@ -4,9 +4,11 @@ tenant is held; the placement record's encoding."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from cellplane_operator.domain.routing import NoRoute, PlacementMap, Route, tenant_of_key
-from cellplane_operator.placement.records import PlacementRecord
+from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
+from cellplane_operator.store import InMemoryStore
 
 TENANT_KEY = "/cellplane/tenants/team-a/acme"
 OWNER_KEY = "/cellplane/groups/shared-a1/owner"
@@ -120,8 +122,8 @@ def test_placement_records_round_trip_and_a_record_not_moving_encodes_as_before(
                              max_running_jobs=5, moving=True)
     for each in (still, moving):
         assert PlacementRecord.decode(each.encode()) == each
-    # Byte for byte what records written before the flag existed hold: ``delete``
-    # compares the stored value with the encoding.
+    # Byte for byte what records written before the flag existed (and after the quota's
+    # rename) hold: ``delete`` compares the stored value with the encoding.
     assert still.encode() == (b'{"cell": "shared-a1", "epoch": 3, "maxRunningJobs": 5, '
                               b'"tenantId": "team--a-acme", "uid": "u-1"}')
     assert "moving" not in json.loads(still.encode())
@@ -156,3 +158,33 @@ def test_the_digest_is_written_only_once_known_so_older_records_encode_as_before
                                   key_digest="ab" * 32)
     assert PlacementRecord.decode(with_digest.encode()) == with_digest
     assert PlacementRecord.decode(plain.encode()) == plain
+
+
+# What an operator before issue #23 wrote: the quota under ``maxRunning``.
+FORMER = (b'{"cell": "shared-a1", "epoch": 3, "maxRunning": 5, '
+          b'"tenantId": "team--a-acme", "uid": "u-1"}')
+
+
+def test_a_record_written_before_the_quotas_rename_is_read_with_its_quota() -> None:
+    assert PlacementRecord.decode(FORMER) == PlacementRecord(
+        cell="shared-a1", epoch=3, tenant_id="team--a-acme", uid="u-1", max_running_jobs=5)
+    # Written again, it takes the one name.
+    assert b'"maxRunningJobs": 5' in PlacementRecord.decode(FORMER).encode()
+    both = json.loads(FORMER) | {"maxRunningJobs": 7}
+    assert PlacementRecord.decode(json.dumps(both).encode()).max_running_jobs == 7
+
+
+async def test_delete_removes_a_formerly_encoded_record_only_if_it_is_the_same() -> None:
+    store = InMemoryStore()
+    records = PlacementRecords(store)
+    tenant = TenantKey("team-a", "acme")
+    await store.put(records.key(tenant), FORMER)
+    read = await records.read(tenant)
+    assert read is not None
+    # Another decision's record (a later epoch) is not this one: kept.
+    assert not await records.delete(tenant, replace(read.record, epoch=4), guard=[])
+    assert await store.get(records.key(tenant)) is not None
+    assert await records.delete(tenant, read.record, guard=[])
+    assert await store.get(records.key(tenant)) is None
+    # Gone already: nothing to delete.
+    assert not await records.delete(tenant, read.record, guard=[])

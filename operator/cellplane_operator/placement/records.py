@@ -6,6 +6,9 @@
 ``moving`` is written only while it is true, and ``keyDigest`` only once it is
 known, so a record encodes exactly as before either existed (``delete``
 compares the encoded value, so the encoding of a record must never drift).
+The one drift there was: ``maxRunningJobs`` was ``maxRunning`` until the quota
+got one name from the CRD to the cell's column (issue #23). A record written
+before is read as it was meant, and ``delete`` still removes it.
 
 Every write is a transaction that also compares the placement election's
 owner key with the writer's own record (``guard``): a leader that lost the
@@ -27,6 +30,8 @@ from cellplane_operator.store import Compare, Delete, KeyValueStore, Put
 __all__ = ["TenantKey", "PlacementRecord", "PlacementRecords", "TENANTS_PREFIX"]
 
 TENANTS_PREFIX = "/cellplane/tenants/"
+_FORMER_MAX_RUNNING_JOBS = "maxRunning"
+"""What records written before issue #23 call ``maxRunningJobs``."""
 
 
 class TenantKey(NamedTuple):
@@ -69,7 +74,9 @@ class PlacementRecord:
         body = json.loads(raw)
         return cls(cell=str(body["cell"]), epoch=int(body["epoch"]),
                    tenant_id=str(body["tenantId"]), uid=str(body["uid"]),
-                   max_running_jobs=int(body["maxRunningJobs"]), moving=bool(body.get("moving", False)),
+                   max_running_jobs=int(body["maxRunningJobs"] if "maxRunningJobs" in body
+                                        else body[_FORMER_MAX_RUNNING_JOBS]),
+                   moving=bool(body.get("moving", False)),
                    key_digest=None if body.get("keyDigest") is None else str(body["keyDigest"]))
 
 
@@ -114,9 +121,19 @@ class PlacementRecords:
 
     async def delete(self, tenant: TenantKey, record: PlacementRecord, *,
                      guard: list[Compare]) -> bool:
-        return await self._write(tenant, None,
-                                 [Compare(self.key(tenant), "value", record.encode())],
-                                 [Delete(self.key(tenant))], guard, "remove")
+        key = self.key(tenant)
+        if await self._write(tenant, None, [Compare(key, "value", record.encode())],
+                             [Delete(key)], guard, "remove"):
+            return True
+        # The stored value may be this very record in its former encoding
+        # (``maxRunning``), which no value compare matches: deleted at the revision
+        # it was read at, if it is still that record then.
+        current = await self._store.get(key)
+        if (current is None or _FORMER_MAX_RUNNING_JOBS not in json.loads(current.value)
+                or PlacementRecord.decode(current.value) != record):
+            return False
+        return await self._write(tenant, None, [Compare(key, "mod_revision", current.mod_revision)],
+                                 [Delete(key)], guard, "remove")
 
     async def _write(self, tenant: TenantKey, expected: PlacementRecord | None,
                      compares: list[Compare], operations: list[Put | Delete],
