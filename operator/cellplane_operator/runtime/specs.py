@@ -14,6 +14,7 @@ from typing import Any
 from cellplane_cells.domain.plans import Plan, Quotas, quotas_for
 
 from cellplane_operator.api import v1alpha1
+from cellplane_operator.api.quota_rules import QUOTA_FIELDS
 from cellplane_operator.domain.cells import Tier
 from cellplane_operator.domain.ownership import LeaseSettings
 from cellplane_operator.domain.placement import RegionPolicy
@@ -97,12 +98,11 @@ class TenantSettings:
         spec = v1alpha1.TenantSpec.model_validate(body["spec"])
         overrides: dict[str, Any] = {}
         if spec.quotas is not None:
-            for ours, theirs in (("max_running_jobs", "max_running_jobs"),
-                                 ("jobs_per_second", "jobs_per_second"), ("burst", "burst"),
-                                 ("daily_spend_limit", "daily_spend_limit")):
-                value = getattr(spec.quotas, theirs)
+            # spec.quotas' fields carry the cell's own names (``Quotas``).
+            for field in QUOTA_FIELDS.values():
+                value = getattr(spec.quotas, field)
                 if value is not None:
-                    overrides[ours] = value
+                    overrides[field] = value
         return cls(
             namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
             generation=int(meta.get("generation", 0)), plan=Plan(_text(spec.plan)),
