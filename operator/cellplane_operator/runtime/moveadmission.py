@@ -66,8 +66,8 @@ class MoveAdmission:
         max_running_jobs = tenant.quotas().max_running_jobs
         outcome = admit_move(MoveRequest(
             tenant=spec.tenant, isolation=tenant.isolation, source_cell=source,
-            max_running_jobs=max_running_jobs, target=next((c for c in candidates if c.name == target_name),
-                                                 None),
+            max_running_jobs=max_running_jobs,
+            target=next((c for c in candidates if c.name == target_name), None),
             target_name=target_name, tenant_deleting=tenant_object.meta.deleting,
             other_moves=self._other_moves(move, spec.tenant)))
         if isinstance(outcome, Refused) and dedicated \
