@@ -338,14 +338,20 @@ def test_aborts_remove_the_targets_copy_and_leave_the_source_untouched(source: C
     acme = source.tenant("acme")
     for i in range(3):
         ok(source.submit(acme, f"k{i}"), 202)
+    ran = create_schedule(source, acme, YEARLY, dispatch_window_seconds=0)
+    make_due(source, ran)
+    assert dispatch(source) == 1
     before = fetch(source.conninfo, "SELECT to_jsonb(j)::text FROM jobs j ORDER BY job_id")
+    schedules_before = schedule_rows(source)
     start(source)
     copy_rows(source, target)
     freeze(source)
+    assert schedule_rows(target) == schedules_before
 
     ok(target.admin.delete("/admin/v1/tenants/acme/move-in", params={"move_id": MOVE}), 204)
     ok(target.admin.delete("/admin/v1/tenants/acme/move-in", params={"move_id": MOVE}), 204)
-    for table in ("tenants", "jobs", "job_steps", "ledger", "wallets", "outbox", "idempotency_keys"):
+    for table in ("tenants", "jobs", "job_steps", "ledger", "wallets", "outbox", "idempotency_keys",
+                  "schedules", "schedule_runs"):
         assert fetch(target.conninfo, f"SELECT count(*) FROM {table}") == [(0,)], table
 
     ok(source.admin.delete("/admin/v1/tenants/acme/move-out", params={"move_id": MOVE}), 204)
@@ -354,6 +360,7 @@ def test_aborts_remove_the_targets_copy_and_leave_the_source_untouched(source: C
     assert fetch(source.conninfo, "SELECT state, capturing, move_id FROM tenants") == [("active", False, None)]
     assert fetch(source.conninfo, "SELECT count(*) FROM tenant_changes") == [(0,)]
     assert fetch(source.conninfo, "SELECT to_jsonb(j)::text FROM jobs j ORDER BY job_id") == before
+    assert schedule_rows(source) == schedules_before
     ok(source.submit(acme, "k3"), 202)
     assert fetch(source.conninfo, "SELECT count(*) FROM tenant_changes") == [(0,)]
 
