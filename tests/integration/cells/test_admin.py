@@ -94,6 +94,32 @@ def test_export_then_import_into_another_cell_keeps_jobs_money_and_keys(cell: Ce
 
 
 
+def test_metrics_report_queue_age_slots_and_rejections(cell: Cell) -> None:
+    auth = cell.tenant("acme", burst=1)
+    cell.submit(auth, "a")
+    cell.submit(auth, "b")          # 429
+    text = cell.admin.get("/metrics").text
+    assert 'cellplane_cell_queued_jobs{tenant="acme"} 1.0' in text
+    assert 'cellplane_cell_running_cap{tenant="acme"} 5.0' in text
+    assert 'cellplane_cell_queue_age_seconds{tenant="acme"}' in text
+    assert 'cellplane_cell_submissions_refused_total{reason="rate_limited"}' in text
+    assert "cellplane_cell_writes_rejected_total" in text
+    assert cell.admin.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_enterprise_daily_spend_limit_is_a_wallet_that_refills_each_day(cell: Cell) -> None:
+    created = cell.admin.put("/admin/v1/tenants/bigco",
+                             json={"plan": "enterprise", "daily_spend_limit": 500})
+    auth = {"Authorization": f"Bearer {created.json()['api_key']}"}
+    cell.admin.put("/admin/v1/tenants/bigco/targets", json={"name": "default", "url": "http://127.0.0.1:9/"})
+    assert cell.submit(auth, "a", estimate=300).status_code == 202
+    assert cell.submit(auth, "b", estimate=300).status_code == 402
+    # A new day: the limit applies afresh, less what is still reserved.
+    write(cell.conninfo, "UPDATE wallets SET spend_day = current_date - 1")
+    assert cell.submit(auth, "c", estimate=200).status_code == 202
+    assert fetch(cell.conninfo, "SELECT available, reserved FROM wallets") == [(0, 500)]
+
+
 def test_export_then_import_carries_schedules_as_they_are_and_their_runs(cell: Cell, cell_postgres) -> None:  # type: ignore[no-untyped-def]
     auth = cell.tenant("acme")
 
@@ -137,28 +163,3 @@ def test_export_then_import_carries_schedules_as_they_are_and_their_runs(cell: C
             assert dispatch_due(conn, batch=10).jobs == 0
     finally:
         target.close()
-
-def test_metrics_report_queue_age_slots_and_rejections(cell: Cell) -> None:
-    auth = cell.tenant("acme", burst=1)
-    cell.submit(auth, "a")
-    cell.submit(auth, "b")          # 429
-    text = cell.admin.get("/metrics").text
-    assert 'cellplane_cell_queued_jobs{tenant="acme"} 1.0' in text
-    assert 'cellplane_cell_running_cap{tenant="acme"} 5.0' in text
-    assert 'cellplane_cell_queue_age_seconds{tenant="acme"}' in text
-    assert 'cellplane_cell_submissions_refused_total{reason="rate_limited"}' in text
-    assert "cellplane_cell_writes_rejected_total" in text
-    assert cell.admin.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
-
-
-def test_enterprise_daily_spend_limit_is_a_wallet_that_refills_each_day(cell: Cell) -> None:
-    created = cell.admin.put("/admin/v1/tenants/bigco",
-                             json={"plan": "enterprise", "daily_spend_limit": 500})
-    auth = {"Authorization": f"Bearer {created.json()['api_key']}"}
-    cell.admin.put("/admin/v1/tenants/bigco/targets", json={"name": "default", "url": "http://127.0.0.1:9/"})
-    assert cell.submit(auth, "a", estimate=300).status_code == 202
-    assert cell.submit(auth, "b", estimate=300).status_code == 402
-    # A new day: the limit applies afresh, less what is still reserved.
-    write(cell.conninfo, "UPDATE wallets SET spend_day = current_date - 1")
-    assert cell.submit(auth, "c", estimate=200).status_code == 202
-    assert fetch(cell.conninfo, "SELECT available, reserved FROM wallets") == [(0, 500)]
