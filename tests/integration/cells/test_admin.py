@@ -93,7 +93,6 @@ def test_export_then_import_into_another_cell_keeps_jobs_money_and_keys(cell: Ce
         target.close()
 
 
-
 def test_metrics_report_queue_age_slots_and_rejections(cell: Cell) -> None:
     auth = cell.tenant("acme", burst=1)
     cell.submit(auth, "a")
