@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 SCOPE_TABLES = ("tenant", "wallet", "rate_bucket", "targets", "webhooks", "jobs", "steps",
-                "ledger", "idempotency_keys", "outbox")
+                "ledger", "idempotency_keys", "outbox", "schedules", "schedule_runs")
 """The move's tables, in the order a target can apply them (rows pointed at first)."""
 
 CHANGE_KINDS = frozenset(SCOPE_TABLES)
@@ -55,8 +55,8 @@ _BY_JOB_BLOCKS = frozenset({"steps", "ledger"})
 """Tables paged by blocks of jobs: a page may hold a few rows more than its limit
 (every row of its last job), and may be short, or empty, before the end."""
 
-_DELETABLE = ("outbox", "idempotency_keys", "ledger", "steps", "jobs", "webhooks", "targets",
-              "rate_bucket", "wallet")
+_DELETABLE = ("schedule_runs", "schedules", "outbox", "idempotency_keys", "ledger", "steps", "jobs",
+              "webhooks", "targets", "rate_bucket", "wallet")
 """Tables a target deletes keys from, rows pointing at others first."""
 
 FENCED_STATES = frozenset({"frozen", "moved"})
@@ -357,7 +357,12 @@ def purge_tenant_rows(cursor: psycopg.Cursor[Any], tenant_id: str) -> None:
 _APPLY = {"wallet": "movein_wallet", "rate_bucket": "movein_rate_bucket",
           "targets": "movein_targets", "webhooks": "movein_webhooks", "jobs": "movein_jobs",
           "steps": "movein_steps", "ledger": "movein_ledger",
-          "idempotency_keys": "movein_idempotency_keys", "outbox": "movein_outbox"}
+          "idempotency_keys": "movein_idempotency_keys", "outbox": "movein_outbox",
+          "schedules": "movein_schedules", "schedule_runs": "movein_schedule_runs"}
+
+_PARENT_FIRST = frozenset({"steps", "schedule_runs"})
+"""Tables whose rows are taken only under a parent already here (a job, a schedule):
+the applied count is the rows inserted, not the rows offered."""
 
 
 def move_in(conn: psycopg.Connection[Any], tenant_id: str, *, move_id: str, epoch: int,
@@ -403,8 +408,9 @@ def move_in(conn: psycopg.Connection[Any], tenant_id: str, *, move_id: str, epoc
             cursor.execute(query(_APPLY[table]), {**params, "rows": json.dumps(batch)})
             # Steps of a job the bulk copy has not sent (it was submitted after the jobs
             # were paged) are left out, not refused: the job's insert was captured with
-            # its steps, so the next round of changes brings both together.
-            applied[table] = cursor.rowcount if table == "steps" else len(batch)
+            # its steps, so the next round of changes brings both together. The same
+            # for the runs of a schedule created after the schedules were paged.
+            applied[table] = cursor.rowcount if table in _PARENT_FIRST else len(batch)
     return applied
 
 

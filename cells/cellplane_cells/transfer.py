@@ -2,7 +2,8 @@
 
 An export is one consistent snapshot (one REPEATABLE READ transaction) of the
 tenant, its wallet, targets and webhooks, its queued and running jobs with
-their steps and ledger rows, its idempotency keys and its undelivered events.
+their steps and ledger rows, its idempotency keys, its undelivered events, and
+its schedules with their run history.
 An import is one transaction and is idempotent: importing the same bundle
 twice changes nothing the second time. The online copy with deltas and the
 epoch cutover belong to the moves issue.
@@ -27,6 +28,7 @@ _ROW_SETS = (
     ("targets", "import_targets"), ("webhooks", "import_webhooks"), ("jobs", "import_jobs"),
     ("steps", "import_steps"), ("ledger", "import_ledger"),
     ("idempotency_keys", "import_idempotency_keys"), ("outbox", "import_outbox"),
+    ("schedules", "import_schedules"), ("schedule_runs", "import_schedule_runs"),
 )
 
 

@@ -12,6 +12,8 @@ from cellplane_operator.cellclient import CellAdmin
 from cellplane_operator.cellmemory import InMemoryCells
 from cellplane_operator.clock import SystemClock
 from cellplane_operator.errors import CellApiError
+from cellplane_cells.moves import SCOPE_TABLES
+from cellplane_operator.cellmemory.moves import MOVE_TABLES
 from cellplane_operator.runtime.movecopy import TABLES, CellEnd, TenantCopy
 
 ADMIN = "http://cell-a.test:9001"
@@ -104,6 +106,14 @@ async def test_a_tenant_copied_between_two_fake_cells_ends_equal_and_served_by_t
     assert (moved.state, moved.epoch, moved.quotas, moved.targets) == (
         "active", 2, {"max_running_jobs": 3}, {"a": "http://127.0.0.1:9/a", "b": "http://127.0.0.1:9/b"})
     assert (kept.state, kept.retain_seconds) == ("moved", 60)
+
+
+
+def test_the_operator_copies_every_table_of_a_cells_move_in_the_cells_order() -> None:
+    """A table in the cell's scope that the operator does not page stays behind in the
+    source when the tenant moves (schedules did, before migration 0013); the order is
+    the one the target applies (jobs before their steps, schedules before their runs)."""
+    assert TABLES == SCOPE_TABLES == MOVE_TABLES
 
 
 async def test_a_cancelled_move_leaves_the_source_serving_and_the_target_empty() -> None:

@@ -2,8 +2,9 @@
 -- reads, freeze and finish; the target's upserts; checksums on both sides.
 -- Rows travel in row_to_json's shape, as in transfer.sql. The move's scope:
 -- the tenant row, wallet, bucket, targets, webhooks, queued and running jobs
--- with their steps and ledger rows, every idempotency key, and the events
--- not yet delivered everywhere (unrelayed, or with a pending delivery).
+-- with their steps and ledger rows, every idempotency key, the events
+-- not yet delivered everywhere (unrelayed, or with a pending delivery), and
+-- every schedule with its run history (0009; captured since 0013).
 --
 -- Scope pages are keyset-paged; a page's `cursor` column is the key of its
 -- row, as a JSON array, and `%(after)s` the last one returned (NULL: start).
@@ -53,7 +54,9 @@ SELECT json_build_object(
     'outbox', (SELECT count(*) FROM outbox o
                 WHERE o.tenant_id = %(tenant_id)s
                   AND (o.relayed_at IS NULL OR EXISTS (
-                       SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending')))
+                       SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending'))),
+    'schedules', (SELECT count(*) FROM schedules WHERE tenant_id = %(tenant_id)s),
+    'schedule_runs', (SELECT count(*) FROM schedule_runs WHERE tenant_id = %(tenant_id)s)
 ) AS totals;
 
 -- name: page_tenant
@@ -161,6 +164,28 @@ SELECT row_to_json(o) AS row, jsonb_build_array(o.event_id) AS cursor
         SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending'))
  ORDER BY o.event_id LIMIT %(limit)s;
 
+-- Every schedule, whatever its state (a cancelled or completed one is still
+-- read through the API), in the order of the tenant's listing index.
+
+-- name: page_schedules
+WITH after AS (
+    SELECT coalesce((%(after)s::jsonb->>0)::timestamptz, '-infinity') AS at,
+           coalesce((%(after)s::jsonb->>1)::uuid, '00000000-0000-0000-0000-000000000000') AS id
+)
+SELECT row_to_json(s) AS row, jsonb_build_array(s.created_at, s.schedule_id) AS cursor
+  FROM schedules s, after a
+ WHERE s.tenant_id = %(tenant_id)s AND (s.created_at, s.schedule_id) > (a.at, a.id)
+ ORDER BY s.created_at, s.schedule_id LIMIT %(limit)s;
+
+-- name: page_schedule_runs
+-- The run history kept (its retention's worth), by job id: a run's key in
+-- tenant_changes (0013).
+SELECT row_to_json(r) AS row, jsonb_build_array(r.job_id) AS cursor
+  FROM schedule_runs r
+ WHERE r.tenant_id = %(tenant_id)s
+   AND r.job_id > coalesce((%(after)s::jsonb->>0)::uuid, '00000000-0000-0000-0000-000000000000')
+ ORDER BY r.job_id LIMIT %(limit)s;
+
 -- name: read_changes
 -- Run while holding the exclusive tenant lock (moves.read_changes): every
 -- writer that took a sequence number before has committed, so no entry
@@ -222,6 +247,15 @@ SELECT o.event_id::text AS key, row_to_json(o) AS row FROM outbox o
  WHERE o.tenant_id = %(tenant_id)s AND o.event_id = ANY(%(keys)s::uuid[])
    AND (o.relayed_at IS NULL OR EXISTS (
         SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending'));
+
+-- name: changed_schedules
+SELECT s.schedule_id::text AS key, row_to_json(s) AS row FROM schedules s
+ WHERE s.tenant_id = %(tenant_id)s AND s.schedule_id = ANY(%(keys)s::uuid[]);
+
+-- name: changed_schedule_runs
+-- A run gone (pruned by its retention) is sent as a delete.
+SELECT r.job_id::text AS key, row_to_json(r) AS row FROM schedule_runs r
+ WHERE r.tenant_id = %(tenant_id)s AND r.job_id = ANY(%(keys)s::uuid[]);
 
 -- name: freeze_tenant
 UPDATE tenants SET state = 'frozen', epoch = %(epoch)s, updated_at = now()
@@ -376,6 +410,50 @@ SELECT event_id, tenant_id, job_id, kind, payload, created_at
   FROM json_populate_recordset(null::outbox, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
 ON CONFLICT (event_id) DO NOTHING;
 
+-- name: movein_schedules
+-- Every column as the source has it: the pending occurrence (next_at,
+-- dispatch_at), the state, the job of the latest run, the create key. The
+-- dispatcher here carries on from exactly where the source's stopped: an
+-- occurrence dispatched there has its run and job here and next_at past it,
+-- one not dispatched is due here at the same time, never earlier. A row from
+-- a cell without priority classes is DEFAULT.
+INSERT INTO schedules (schedule_id, tenant_id, kind, cron, run_at, time_zone, target, payload,
+                       max_attempts, misfire_policy, max_catch_up_runs, dispatch_window_seconds,
+                       dispatch_offset, priority, state, next_at, dispatch_at, last_job_id,
+                       create_key, create_hash, created_at, updated_at)
+SELECT schedule_id, tenant_id, kind, cron, run_at, time_zone, target, payload, max_attempts,
+       misfire_policy, max_catch_up_runs, dispatch_window_seconds, dispatch_offset,
+       coalesce(priority, 'DEFAULT'), state, next_at, dispatch_at, last_job_id, create_key,
+       create_hash, created_at, updated_at
+  FROM json_populate_recordset(null::schedules, %(rows)s::json) WHERE tenant_id = %(tenant_id)s
+ON CONFLICT (schedule_id) DO UPDATE
+   SET kind = EXCLUDED.kind, cron = EXCLUDED.cron, run_at = EXCLUDED.run_at,
+       time_zone = EXCLUDED.time_zone, target = EXCLUDED.target, payload = EXCLUDED.payload,
+       max_attempts = EXCLUDED.max_attempts, misfire_policy = EXCLUDED.misfire_policy,
+       max_catch_up_runs = EXCLUDED.max_catch_up_runs,
+       dispatch_window_seconds = EXCLUDED.dispatch_window_seconds,
+       dispatch_offset = EXCLUDED.dispatch_offset, priority = EXCLUDED.priority,
+       state = EXCLUDED.state, next_at = EXCLUDED.next_at, dispatch_at = EXCLUDED.dispatch_at,
+       last_job_id = EXCLUDED.last_job_id, create_key = EXCLUDED.create_key,
+       create_hash = EXCLUDED.create_hash, created_at = EXCLUDED.created_at,
+       updated_at = EXCLUDED.updated_at
+ WHERE schedules.tenant_id = EXCLUDED.tenant_id;
+
+-- name: movein_schedule_runs
+-- Only runs of this tenant's schedules already here, as for steps: a run of a
+-- schedule created after the schedules were paged comes again with the
+-- schedule's own change. The run's key is what stops a second job for its
+-- occurrence here.
+INSERT INTO schedule_runs (schedule_id, scheduled_for, tenant_id, job_id, idempotency_key,
+                           dispatched_at)
+SELECT r.schedule_id, r.scheduled_for, r.tenant_id, r.job_id, r.idempotency_key, r.dispatched_at
+  FROM json_populate_recordset(null::schedule_runs, %(rows)s::json) r
+  JOIN schedules s ON s.schedule_id = r.schedule_id AND s.tenant_id = %(tenant_id)s
+ WHERE r.tenant_id = %(tenant_id)s
+ON CONFLICT (schedule_id, scheduled_for) DO UPDATE
+   SET job_id = EXCLUDED.job_id, idempotency_key = EXCLUDED.idempotency_key,
+       dispatched_at = EXCLUDED.dispatched_at;
+
 -- name: movein_delete_wallet
 DELETE FROM wallets WHERE tenant_id = %(tenant_id)s AND tenant_id = ANY(%(keys)s::text[]);
 
@@ -406,6 +484,13 @@ DELETE FROM idempotency_keys WHERE tenant_id = %(tenant_id)s AND key = ANY(%(key
 -- Their deliveries and attempts go by ON DELETE CASCADE.
 DELETE FROM outbox WHERE tenant_id = %(tenant_id)s AND event_id = ANY(%(keys)s::uuid[]);
 
+-- name: movein_delete_schedule_runs
+DELETE FROM schedule_runs WHERE tenant_id = %(tenant_id)s AND job_id = ANY(%(keys)s::uuid[]);
+
+-- name: movein_delete_schedules
+-- Their runs go by ON DELETE CASCADE.
+DELETE FROM schedules WHERE tenant_id = %(tenant_id)s AND schedule_id = ANY(%(keys)s::uuid[]);
+
 -- name: activate_moved_in
 UPDATE tenants SET state = 'active', updated_at = now()
  WHERE tenant_id = %(tenant_id)s AND state = 'frozen' AND move_id = %(move_id)s
@@ -428,7 +513,8 @@ SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', 
 -- normalization on both sides: a source job running is counted as queued,
 -- claim fields and this cell's own ids (ledger entry, endpoint) are left
 -- out, and an event's relayed_at too (the target has not fanned it out).
--- It runs inside the write pause (checksum_session first), so:
+-- Schedules and their runs count every column: they arrive exactly as they
+-- are, their pending occurrence and state included. It runs inside the write pause (checksum_session first), so:
 -- * A row's hash is the XOR of its columns' own hash functions, each with
 --   a seed of its own (a value moved to another column changes the hash; a
 --   NULL hashes as the bare seed): no row or value is printed as text, which
@@ -505,4 +591,30 @@ SELECT 'targets', count(*), coalesce(sum(hashtextextended(g::text, 0)), 0)::text
 UNION ALL
 SELECT 'webhooks', count(*), coalesce(sum(hashtextextended(ROW(e.url, e.secret, e.max_concurrency)::text,
            0)), 0)::text
-  FROM webhook_endpoints e WHERE e.tenant_id = %(tenant_id)s;
+  FROM webhook_endpoints e WHERE e.tenant_id = %(tenant_id)s
+UNION ALL
+SELECT 'schedules', count(*), coalesce(sum(
+           uuid_hash_extended(s.schedule_id, 61) # hashtextextended(s.tenant_id, 62)
+           # hashtextextended(s.kind, 63) # coalesce(hashtextextended(s.cron, 64), 64)
+           # coalesce(timestamp_hash_extended(s.run_at, 65), 65)
+           # hashtextextended(s.time_zone, 66) # hashtextextended(s.target, 67)
+           # jsonb_hash_extended(s.payload, 68) # hashint4extended(s.max_attempts, 69)
+           # hashtextextended(s.misfire_policy, 70) # hashint4extended(s.max_catch_up_runs, 71)
+           # hashint4extended(s.dispatch_window_seconds, 72)
+           # interval_hash_extended(s.dispatch_offset, 73) # hashtextextended(s.priority, 74)
+           # hashtextextended(s.state, 75)
+           # coalesce(timestamp_hash_extended(s.next_at::timestamp, 76), 76)
+           # coalesce(timestamp_hash_extended(s.dispatch_at::timestamp, 77), 77)
+           # coalesce(uuid_hash_extended(s.last_job_id, 78), 78)
+           # coalesce(hashtextextended(s.create_key, 79), 79)
+           # coalesce(hashtextextended(encode(s.create_hash, 'hex'), 80), 80)
+           # timestamp_hash_extended(s.created_at::timestamp, 81)
+           # timestamp_hash_extended(s.updated_at::timestamp, 82)), 0)::text
+  FROM schedules s WHERE s.tenant_id = %(tenant_id)s
+UNION ALL
+SELECT 'schedule_runs', count(*), coalesce(sum(
+           uuid_hash_extended(r.schedule_id, 91) # timestamp_hash_extended(r.scheduled_for::timestamp, 92)
+           # hashtextextended(r.tenant_id, 93) # uuid_hash_extended(r.job_id, 94)
+           # hashtextextended(r.idempotency_key, 95)
+           # timestamp_hash_extended(r.dispatched_at::timestamp, 96)), 0)::text
+  FROM schedule_runs r WHERE r.tenant_id = %(tenant_id)s;

@@ -132,4 +132,10 @@ RETURNING schedule_id;
 
 -- name: prune_schedule_runs
 -- Run history is kept for a retention; the jobs themselves are not touched.
-DELETE FROM schedule_runs WHERE dispatched_at < now() - make_interval(days => %(days)s);
+-- Not the runs of a tenant frozen for a move or moved out: the fence (0006)
+-- would refuse the whole statement, every tenant's pruning with it. A move's
+-- capture sends the source's prunings as deletes (0013); a moved-out copy
+-- goes whole with its purge.
+DELETE FROM schedule_runs r
+ WHERE r.dispatched_at < now() - make_interval(days => %(days)s)
+   AND r.tenant_id NOT IN (SELECT t.tenant_id FROM tenants t WHERE t.state IN ('frozen', 'moved'));

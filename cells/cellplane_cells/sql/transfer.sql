@@ -20,7 +20,10 @@ SELECT json_build_object(
     'outbox', (SELECT coalesce(json_agg(o), '[]') FROM outbox o
                 WHERE o.tenant_id = %(tenant_id)s
                   AND (o.relayed_at IS NULL OR EXISTS (
-                       SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending')))
+                       SELECT 1 FROM deliveries d WHERE d.event_id = o.event_id AND d.status = 'pending'))),
+    'schedules', (SELECT coalesce(json_agg(s), '[]') FROM schedules s WHERE s.tenant_id = %(tenant_id)s),
+    'schedule_runs', (SELECT coalesce(json_agg(r), '[]') FROM schedule_runs r
+                       WHERE r.tenant_id = %(tenant_id)s)
 ) AS bundle;
 
 -- name: import_tenant_row
@@ -92,3 +95,27 @@ INSERT INTO outbox (event_id, tenant_id, job_id, kind, payload, created_at)
 SELECT event_id, tenant_id, job_id, kind, payload, created_at
   FROM json_populate_recordset(null::outbox, %(rows)s::json)
 ON CONFLICT (event_id) DO NOTHING;
+
+-- name: import_schedules
+-- As exported: the pending occurrence, the state and the job of the latest
+-- run, so the dispatcher here carries on where the exporting cell's stopped
+-- (an occurrence dispatched there has its run and its job in the bundle).
+-- ON CONFLICT without a target: the id, or a create key already here.
+INSERT INTO schedules (schedule_id, tenant_id, kind, cron, run_at, time_zone, target, payload,
+                       max_attempts, misfire_policy, max_catch_up_runs, dispatch_window_seconds,
+                       dispatch_offset, priority, state, next_at, dispatch_at, last_job_id,
+                       create_key, create_hash, created_at, updated_at)
+SELECT schedule_id, tenant_id, kind, cron, run_at, time_zone, target, payload, max_attempts,
+       misfire_policy, max_catch_up_runs, dispatch_window_seconds, dispatch_offset,
+       coalesce(priority, 'DEFAULT'), state, next_at, dispatch_at, last_job_id, create_key,
+       create_hash, created_at, updated_at
+  FROM json_populate_recordset(null::schedules, %(rows)s::json)
+ON CONFLICT DO NOTHING;
+
+-- name: import_schedule_runs
+-- The runs' keys keep a second job per occurrence impossible here too.
+INSERT INTO schedule_runs (schedule_id, scheduled_for, tenant_id, job_id, idempotency_key,
+                           dispatched_at)
+SELECT schedule_id, scheduled_for, tenant_id, job_id, idempotency_key, dispatched_at
+  FROM json_populate_recordset(null::schedule_runs, %(rows)s::json)
+ON CONFLICT DO NOTHING;

@@ -204,6 +204,7 @@ class InMemoryCells(FakeMoves):
         # The real cell's tables (sql/moves.sql, move_checksums); the fake has no jobs.
         tables: dict[str, list[Any]] = {
             "jobs": [], "steps": [], "ledger": [], "idempotency_keys": [], "outbox": [],
+            "schedules": [], "schedule_runs": [],
             "wallet": [[tenant_id]],
             "targets": sorted([n, u] for n, u in tenant.targets.items()),
             "webhooks": sorted([u, c] for u, (_, c) in tenant.webhooks.items())}

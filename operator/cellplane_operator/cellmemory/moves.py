@@ -185,7 +185,7 @@ class FakeMoves:
 
 
 MOVE_TABLES = ("tenant", "wallet", "rate_bucket", "targets", "webhooks", "jobs", "steps",
-               "ledger", "idempotency_keys", "outbox")
+               "ledger", "idempotency_keys", "outbox", "schedules", "schedule_runs")
 """The real cell's tables of a move, in the order a target applies them."""
 
 

@@ -22,8 +22,9 @@ from cellplane_operator.clock import MonotonicClock
 __all__ = ["CellEnd", "TenantCopy", "DeltaRound", "TABLES"]
 
 TABLES = ("tenant", "wallet", "rate_bucket", "targets", "webhooks", "jobs", "steps", "ledger",
-          "idempotency_keys", "outbox")
-"""In the order the target can take them: the tenant row first, jobs before their steps."""
+          "idempotency_keys", "outbox", "schedules", "schedule_runs")
+"""In the order the target can take them: the tenant row first, jobs before their steps,
+schedules before their runs."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import pytest
 
 from cellfixtures import create_cell_database, fetch, write
 from cellplane_cells import jobqueue
+from cellplane_cells.dispatch import dispatch_due
 
 from cellapi import Cell
 
@@ -154,3 +155,48 @@ def test_enterprise_daily_spend_limit_is_a_wallet_that_refills_each_day(cell: Ce
     write(cell.conninfo, "UPDATE wallets SET spend_day = current_date - 1")
     assert cell.submit(auth, "c", estimate=200).status_code == 202
     assert fetch(cell.conninfo, "SELECT available, reserved FROM wallets") == [(0, 500)]
+
+
+def test_export_then_import_carries_schedules_as_they_are_and_their_runs(cell: Cell, cell_postgres) -> None:  # type: ignore[no-untyped-def]
+    auth = cell.tenant("acme")
+
+    def create(schedule: dict[str, str], **body: object) -> str:
+        created = cell.api.post("/v1/schedules", headers=auth, json={
+            "schedule": schedule, "target": "default", "payload": {"n": 1}, **body})
+        assert created.status_code == 201, created.text
+        return str(created.json()["schedule_id"])
+
+    create({"type": "ONCE", "run_at": "2031-06-01T09:00:00", "time_zone": "Europe/Berlin"})
+    paused = create({"type": "CRON", "cron": "30 2 * * *", "time_zone": "America/New_York"})
+    assert cell.api.post(f"/v1/schedules/{paused}:pause", headers=auth).status_code == 200
+    # One occurrence dispatched, its job running at the export.
+    ran = create({"type": "CRON", "cron": "0 0 1 1 *", "time_zone": "UTC"}, dispatch_window_seconds=0)
+    write(cell.conninfo, "UPDATE schedules SET next_at = date_trunc('year', now() AT TIME ZONE 'UTC')"
+                         " AT TIME ZONE 'UTC', dispatch_at = date_trunc('year', now() AT TIME ZONE 'UTC')"
+                         " AT TIME ZONE 'UTC' WHERE schedule_id = %s", ran)
+    with cell.pool.connection() as conn:
+        assert dispatch_due(conn, batch=10).jobs == 1
+        assert len(jobqueue.claim(conn, worker="w", batch=1, lease_seconds=60)) == 1
+    bundle = cell.admin.get("/admin/v1/tenants/acme/export").json()
+    assert len(bundle["schedules"]) == 3 and len(bundle["schedule_runs"]) == 1
+    rows = ("SELECT 'schedule', row_to_json(s)::jsonb FROM schedules s UNION ALL"
+            " SELECT 'run', row_to_json(r)::jsonb FROM schedule_runs r ORDER BY 1, 2")
+
+    target_db = create_cell_database(cell_postgres.postgres["cell"], f"target_{uuid.uuid4().hex[:8]}")
+    target = Cell(target_db)
+    try:
+        for _ in range(2):    # importing twice changes nothing the second time
+            answer = target.admin.post("/admin/v1/tenants/acme/import", json={"epoch": 2, "bundle": bundle})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["imported"]["schedules"] == 3
+        # Every column as exported: next times, dispatch times, states, the latest run's job.
+        assert fetch(target_db, rows) == fetch(cell.conninfo, rows)
+        # The run in flight is queued there under its one key, and its occurrence is
+        # not dispatched again.
+        assert fetch(target_db, "SELECT j.status, s.idempotency_key = r.idempotency_key FROM schedule_runs r"
+                                " JOIN jobs j USING (job_id) JOIN job_steps s USING (job_id)") == [
+            ("queued", True)]
+        with target.pool.connection() as conn:
+            assert dispatch_due(conn, batch=10).jobs == 0
+    finally:
+        target.close()

@@ -23,6 +23,7 @@ import pytest
 from cellapi import Cell
 from cellfixtures import create_cell_database, fetch, write
 from cellplane_cells import jobqueue, moves
+from cellplane_cells.dispatch import dispatch_due, prune_runs
 from cellplane_cells.errors import ConflictError, NotFoundError, TenantMovingError
 from cellplane_cells.queries import query
 
@@ -354,14 +355,20 @@ def test_aborts_remove_the_targets_copy_and_leave_the_source_untouched(source: C
     acme = source.tenant("acme")
     for i in range(3):
         ok(source.submit(acme, f"k{i}"), 202)
+    ran = create_schedule(source, acme, YEARLY, dispatch_window_seconds=0)
+    make_due(source, ran)
+    assert dispatch(source) == 1
     before = fetch(source.conninfo, "SELECT to_jsonb(j)::text FROM jobs j ORDER BY job_id")
+    schedules_before = schedule_rows(source)
     start(source)
     copy_rows(source, target)
     freeze(source)
+    assert schedule_rows(target) == schedules_before
 
     ok(target.admin.delete("/admin/v1/tenants/acme/move-in", params={"move_id": MOVE}), 204)
     ok(target.admin.delete("/admin/v1/tenants/acme/move-in", params={"move_id": MOVE}), 204)
-    for table in ("tenants", "jobs", "job_steps", "ledger", "wallets", "outbox", "idempotency_keys"):
+    for table in ("tenants", "jobs", "job_steps", "ledger", "wallets", "outbox", "idempotency_keys",
+                  "schedules", "schedule_runs"):
         assert fetch(target.conninfo, f"SELECT count(*) FROM {table}") == [(0,)], table
 
     ok(source.admin.delete("/admin/v1/tenants/acme/move-out", params={"move_id": MOVE}), 204)
@@ -370,6 +377,7 @@ def test_aborts_remove_the_targets_copy_and_leave_the_source_untouched(source: C
     assert fetch(source.conninfo, "SELECT state, capturing, move_id FROM tenants") == [("active", False, None)]
     assert fetch(source.conninfo, "SELECT count(*) FROM tenant_changes") == [(0,)]
     assert fetch(source.conninfo, "SELECT to_jsonb(j)::text FROM jobs j ORDER BY job_id") == before
+    assert schedule_rows(source) == schedules_before
     ok(source.submit(acme, "k3"), 202)
     assert fetch(source.conninfo, "SELECT count(*) FROM tenant_changes") == [(0,)]
 
@@ -649,3 +657,167 @@ def test_a_freeze_that_cannot_take_the_tenants_lock_within_its_time_gives_up(sou
                          json={"move_id": MOVE, "epoch": 2, "within_ms": 5000}))
     assert fetch(source.conninfo, "SELECT state FROM tenants WHERE tenant_id = 'acme'"
                  ) == [("frozen",)]
+
+
+# --- schedules (0009, captured since 0013) ------------------------------------------------------
+
+YEARLY = {"type": "CRON", "cron": "0 0 1 1 *", "time_zone": "UTC"}
+"""A cron far from its next time: a test makes an occurrence due with ``make_due``."""
+
+
+def create_schedule(cell: Cell, auth: dict[str, str], schedule: dict[str, str], **body: Any) -> str:
+    created = ok(cell.api.post("/v1/schedules", headers=auth, json={
+        "schedule": schedule, "target": "default", "payload": {"n": 1}, **body}), 201)
+    return str(created["schedule_id"])
+
+
+def make_due(cell: Cell, schedule_id: str) -> None:
+    """A yearly schedule's pending occurrence is this year's, as after an outage: one run
+    is due (RUN_ONCE), and the next is a year away."""
+    write(cell.conninfo, "UPDATE schedules SET next_at = date_trunc('year', now() AT TIME ZONE 'UTC')"
+                         " AT TIME ZONE 'UTC', dispatch_at = (date_trunc('year', now() AT TIME ZONE"
+                         " 'UTC') AT TIME ZONE 'UTC') + dispatch_offset WHERE schedule_id = %s",
+          schedule_id)
+
+
+def dispatch(cell: Cell) -> int:
+    """One dispatcher pass; the jobs it made."""
+    with cell.pool.connection() as conn:
+        return dispatch_due(conn, batch=100).jobs
+
+
+def schedule_rows(cell: Cell, tenant: str = "acme") -> list[tuple[Any, ...]]:
+    """Every column of the tenant's schedules and runs, as JSON, in key order."""
+    return fetch(cell.conninfo,
+                 "SELECT 'schedule', row_to_json(s)::jsonb FROM schedules s WHERE tenant_id = %s"
+                 " UNION ALL SELECT 'run', row_to_json(r)::jsonb FROM schedule_runs r"
+                 " WHERE tenant_id = %s ORDER BY 1, 2", tenant, tenant)
+
+
+def as_move_admin(cell: Cell, sql: str, *params: Any) -> None:
+    """A write past the tenant fence (0006), as the move's own path makes them."""
+    with psycopg.connect(cell.conninfo, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT set_config('cellplane.epoch', '1', true),"
+                     " set_config('cellplane.tenant_admin', 'on', true)")
+        conn.execute(sql.encode(), params)
+
+
+def test_schedules_move_with_their_next_times_states_and_runs(source: Cell, target: Cell) -> None:
+    acme = source.tenant("acme")
+    bob = source.tenant("bob")
+    once = create_schedule(source, acme, {"type": "ONCE", "run_at": "2031-06-01T09:00:00",
+                                          "time_zone": "Europe/Berlin"})
+    cron = create_schedule(source, acme, {"type": "CRON", "cron": "*/5 * * * *",
+                                          "time_zone": "America/New_York"}, misfire_policy="SKIP")
+    paused = create_schedule(source, acme, {"type": "CRON", "cron": "0 8 * * MON",
+                                            "time_zone": "Australia/Lord_Howe"}, priority="HIGH")
+    ok(source.api.post(f"/v1/schedules/{paused}:pause", headers=acme))
+    # An occurrence dispatched before the move, its job running in the source at the freeze.
+    ran = create_schedule(source, acme, YEARLY, dispatch_window_seconds=0)
+    old = create_schedule(source, acme, YEARLY, dispatch_window_seconds=0)
+    bobs = create_schedule(source, bob, YEARLY, dispatch_window_seconds=0)
+    for schedule_id in (ran, old, bobs):
+        make_due(source, schedule_id)
+    assert dispatch(source) == 3
+    running = claim(source, "acme") + claim(source, "acme")  # one job of a tenant per claim
+    in_flight = fetch(source.conninfo, "SELECT job_id, scheduled_for, idempotency_key FROM schedule_runs"
+                                       " WHERE schedule_id = %s", ran)
+    assert {j.job_id for j in running} >= {in_flight[0][0]}
+
+    started = start(source)
+    assert started["tables"]["schedules"] == 5 and started["tables"]["schedule_runs"] == 2
+    copied = copy_rows(source, target, limit=2)
+    assert copied["schedules"] == 5 and copied["schedule_runs"] == 2
+
+    # Between the copy and the freeze: a schedule created and dispatched (its run
+    # comes with its change, not with the pages), one updated, one cancelled, and a
+    # run pruned by its retention.
+    new = create_schedule(source, acme, YEARLY, dispatch_window_seconds=0)
+    make_due(source, new)
+    assert dispatch(source) == 1
+    updated = ok(source.api.put(f"/v1/schedules/{cron}", headers=acme, json={
+        "schedule": {"type": "CRON", "cron": "*/10 * * * *", "time_zone": "America/New_York"},
+        "target": "default", "payload": {"n": 2}, "misfire_policy": "SKIP"}))
+    ok(source.api.post(f"/v1/schedules/{once}:cancel", headers=acme))
+    write(source.conninfo, "UPDATE schedule_runs SET dispatched_at = now() - interval '40 days'"
+                           " WHERE schedule_id = %s", old)
+    with source.pool.connection() as conn:
+        assert prune_runs(conn, days=30) == 1
+    after = copy_changes(source, target, 0)
+
+    freeze(source)
+    # Nothing of a frozen tenant is dispatched or pruned in the source; others go on.
+    as_move_admin(source, "UPDATE schedules SET next_at = next_at - interval '1 day',"
+                          " dispatch_at = dispatch_at - interval '1 day' WHERE schedule_id = %s", cron)
+    assert dispatch(source) == 0
+    with source.pool.connection() as conn:
+        assert prune_runs(conn, days=0) == 1  # bob's run, none of acme's
+    as_move_admin(source, "UPDATE schedules SET next_at = next_at + interval '1 day',"
+                          " dispatch_at = dispatch_at + interval '1 day' WHERE schedule_id = %s", cron)
+    after = copy_changes(source, target, after)
+
+    theirs, ours = sums(source), sums(target)
+    assert theirs == ours
+    assert theirs["schedules"]["rows"] == 6 and theirs["schedule_runs"]["rows"] == 2
+    # Every column alike: ids, pending occurrences, dispatch times, states, the job
+    # of the latest run, create keys, times.
+    assert schedule_rows(target) == schedule_rows(source)
+    assert {str(r[0]): r[1] for r in fetch(target.conninfo, "SELECT schedule_id, state FROM schedules")} == {
+        once: "cancelled", cron: "active", paused: "paused", ran: "active", old: "active", new: "active"}
+    # The run in flight at the freeze is queued in the target under its one key.
+    job_id, _, key = in_flight[0]
+    assert fetch(target.conninfo, "SELECT j.status, s.idempotency_key FROM jobs j JOIN job_steps s"
+                                  " USING (job_id) WHERE job_id = %s", job_id) == [("queued", key)]
+
+    ok(target.admin.post("/admin/v1/tenants/acme/move-in:activate", json={"move_id": MOVE}))
+    # Nothing is due in the target: no occurrence runs twice, none early.
+    assert dispatch(target) == 0
+    assert fetch(target.conninfo, "SELECT count(*) FROM jobs j JOIN schedule_runs r USING (job_id)"
+                                  " WHERE r.schedule_id = %s", ran) == [(1,)]
+    there = ok(target.api.get(f"/v1/schedules/{cron}", headers=acme))
+    assert (there["next_run_at"], there["state"]) == (updated["next_run_at"], "active")
+    history = ok(target.api.get(f"/v1/schedules/{ran}/runs", headers=acme))
+    assert [r["idempotency_key"] for r in history["runs"]] == [key]
+
+    ok(source.admin.post("/admin/v1/tenants/acme/move-out:finish",
+                         json={"move_id": MOVE, "retain_seconds": 0}))
+    time.sleep(0.01)
+    with source.pool.connection() as conn:
+        assert moves.purge_expired_moves(conn) == ["acme"]
+    assert schedule_rows(source) == []
+    assert fetch(source.conninfo, "SELECT count(*) FROM schedules WHERE tenant_id = 'bob'") == [(1,)]
+
+
+SCHEDULE_CHANGED_IN_TARGET = {
+    "schedules": "UPDATE schedules SET next_at = next_at + interval '1 s',"
+                 " dispatch_at = dispatch_at + interval '1 s' WHERE kind = 'ONCE'",
+    "schedules ": "UPDATE schedules SET state = 'paused' WHERE kind = 'ONCE'",
+    "schedules  ": "UPDATE schedules SET dispatch_offset = dispatch_offset + interval '1 ms'"
+                   " WHERE kind = 'ONCE'",
+    "schedules   ": "UPDATE schedules SET last_job_id = NULL",
+    "schedules    ": "UPDATE schedules SET misfire_policy = 'RUN_ALL' WHERE kind = 'ONCE'",
+    "schedule_runs": "UPDATE schedule_runs SET idempotency_key = idempotency_key || 'x'",
+    "schedule_runs ": "DELETE FROM schedule_runs",
+}
+"""A schedule or run that differs in the target, by the table whose checksum must tell."""
+
+
+@pytest.mark.parametrize("table, change", list(SCHEDULE_CHANGED_IN_TARGET.items()),
+                         ids=lambda v: v.strip()[:40])
+def test_checksums_differ_when_a_schedule_or_run_differs(source: Cell, target: Cell, table: str,
+                                                          change: str) -> None:
+    acme = source.tenant("acme")
+    create_schedule(source, acme, {"type": "ONCE", "run_at": "2031-06-01T09:00:00",
+                                   "time_zone": "Europe/Berlin"})
+    ran = create_schedule(source, acme, YEARLY, dispatch_window_seconds=0)
+    make_due(source, ran)
+    assert dispatch(source) == 1
+    start(source)
+    copy_rows(source, target)
+    freeze(source)
+    theirs = sums(source)
+    assert theirs == sums(target)
+    assert theirs["schedules"]["rows"] == 2 and theirs["schedule_runs"]["rows"] == 1
+    write(target.conninfo, f"SELECT set_config('cellplane.tenant_admin', 'on', false); {change}")
+    ours = sums(target)
+    assert {t for t in theirs if theirs[t] != ours[t]} == {table.strip()}
