@@ -3,9 +3,9 @@ every port: InMemoryStore (etcd), InMemoryKube (the apiserver) with a watch that
 each operator's ObjectCache as kopf's would, and InMemoryCells (the cells' admin APIs).
 
 ``Plane`` is what the operators share; ``Operator`` one regional operator process: its
-election, its TenantController and MoveController, and a log of every write it made
-itself (Kubernetes, etcd outside the election, cells), so a test can tell which operator
-did what. Cells are made Ready here as their site runner would report them: no site
+election, its TenantController (with the CellController it runs while it leads) and
+MoveController, and a log of every write it made itself (Kubernetes, etcd outside the
+election, cells), so a test can tell which operator did what. Cells are made Ready here as their site runner would report them: no site
 driver runs (a stub refuses every call), which shared cells served elsewhere never need.
 """
 
@@ -29,8 +29,10 @@ from cellplane_operator.kube.memory import InMemoryKube
 from cellplane_operator.ownership.election import Leadership
 from cellplane_operator.placement.records import PlacementRecord, PlacementRecords, TenantKey
 from cellplane_operator.runtime.cache import ObjectCache
+from cellplane_operator.runtime.cells import CellController
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.moves import MoveController
+from cellplane_operator.runtime.placing import Placements
 from cellplane_operator.runtime.tenants import TenantController
 from cellplane_operator.settings import OperatorSettings
 from cellplane_operator.sites.base import SiteDriver
@@ -302,8 +304,12 @@ class Operator:
         # The election reads and writes etcd itself, as in region.py; only its own keys.
         self.leadership = Leadership(plane.store, region=region, member=member,
                                      settings=FAST_ELECTION, clock=CLOCK)
-        self.tenants = TenantController(self.ctx, self.leadership)
+        self.placements = Placements(self.ctx, self.leadership)
+        self.cells = CellController(self.ctx, self.placements)
+        self.tenants = TenantController(self.ctx, self.leadership, placements=self.placements,
+                                        cells=self.cells)
         self.cache.on_tenant.append(self.tenants.tenant_changed)
+        self.cache.on_cell.append(self.cells.cell_changed)
         self.cache.on_cell.append(self.tenants.cell_changed)
         self.moves = MoveController(self.ctx, self.leadership, self.tenants)
         self.cache.on_move.append(self.moves.move_changed)

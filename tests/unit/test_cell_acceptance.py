@@ -7,7 +7,7 @@ import datetime
 from dataclasses import replace
 
 from cellplane_operator.domain.cells import (
-    CellFacts, CellVerdict, Tier, judge_cell, plan_cell_acceptance,
+    CellFacts, CellVerdict, DeletionBlocked, Tier, cell_deletion, judge_cell, plan_cell_acceptance,
 )
 
 NOW = datetime.datetime(2026, 12, 2, 18, 0, tzinfo=datetime.timezone.utc)
@@ -65,3 +65,15 @@ def test_the_patch_is_written_once_and_keeps_other_conditions() -> None:
     assert [c["type"] for c in patch["conditions"]] == ["Ready", "Accepted"]
     assert plan_cell_acceptance(verdict, generation=2, current={"phase": "Ready", **patch},
                                 now=NOW) is None
+
+
+def test_a_cell_that_holds_no_tenant_may_be_deleted() -> None:
+    assert cell_deletion("a1", []) is None
+
+
+def test_a_cell_that_holds_tenants_is_kept_naming_the_first_five() -> None:
+    holding = [f"team/t{i}" for i in range(7, 0, -1)]
+    blocked = cell_deletion("a1", holding)
+    assert blocked == DeletionBlocked(
+        "DeletionBlocked", "cell a1 still holds 7 tenant(s) (team/t1, team/t2, team/t3, "
+                           "team/t4, team/t5); move or delete them first")

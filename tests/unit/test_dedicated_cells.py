@@ -6,7 +6,9 @@ import re
 
 from cellplane_operator.api.base import DNS_LABEL_PATTERN
 from cellplane_operator.domain.cells import Region
-from cellplane_operator.domain.dedicated import made_for_move, move_target_name, standby_region
+from cellplane_operator.domain.dedicated import (
+    dedicated_cell_spec, dedicated_to, made_for_move, move_target_name, standby_region,
+)
 from cellplane_operator.domain.placement import dedicated_cell_name
 
 A, B, C = Region("region-a"), Region("region-b"), Region("region-c")
@@ -53,3 +55,30 @@ def test_a_moves_cell_name_is_a_dns_label_however_long_the_tenant_name() -> None
     assert re.fullmatch(DNS_LABEL_PATTERN, name)
     assert name == dedicated_cell_name("n" * 63, "t" * 63)[:54] + "-1a2b3c4d"
     assert made_for_move(name, uid)
+
+
+def test_a_dedicated_cell_names_its_tenant_by_two_labels() -> None:
+    labels = {"cellplane.io/tenant": "acme", "cellplane.io/tenant-namespace": "team"}
+    assert dedicated_to(labels) == ("team", "acme")
+    assert dedicated_to({"cellplane.io/tenant": "acme"}) is None
+    assert dedicated_to({}) is None
+
+
+def test_a_dedicated_cell_holds_one_tenant_with_a_slot_per_job() -> None:
+    spec = dedicated_cell_spec(region="region-a", max_running_jobs=8, standby=B, like=None)
+    assert spec == {"region": "region-a", "tier": "dedicated",
+                    "capacity": {"tenants": 1, "workerSlots": 8}, "standbyRegions": ["region-b"]}
+    # A tenant that may run nothing still gets a slot: a cell of none is refused.
+    none = dedicated_cell_spec(region="region-a", max_running_jobs=0, standby=None, like=None)
+    assert none["capacity"]["workerSlots"] == 1 and none["standbyRegions"] == []
+
+
+def test_a_moves_dedicated_cell_runs_as_the_old_one_did_only_elsewhere() -> None:
+    old = {"region": "region-a", "tier": "dedicated", "driver": {"name": "kubernetes"},
+           "lease": {"durationSeconds": 20}, "failover": {"automatic": False},
+           "capacity": {"tenants": 1, "workerSlots": 3}, "draining": True}
+    spec = dedicated_cell_spec(region="region-b", max_running_jobs=5, standby=None, like=old)
+    assert (spec["driver"], spec["lease"], spec["failover"]) == (
+        old["driver"], old["lease"], old["failover"])
+    assert spec["region"] == "region-b" and spec["capacity"]["workerSlots"] == 5
+    assert "draining" not in spec

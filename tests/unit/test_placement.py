@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from cellplane_operator.domain.cells import CellName, Region, Tier
 from cellplane_operator.domain.placement import (
     CellCandidate, CellLoad, CreateDedicatedCell, Outcome, PlaceIn, PlacementRequest, Placer,
-    RegionPolicy, Unplaceable, UnplaceableReason, WaitForCell, WaitReason, cell_loads,
-    dedicated_cell_name, place, tenant_id,
+    RegionPolicy, Unplaceable, UnplaceableReason, WaitForCell, WaitReason, candidate_phase,
+    cell_loads, dedicated_cell_name, load_to_publish, place, tenant_id,
 )
 
 A = Region("region-a")
@@ -429,3 +429,19 @@ def test_the_outcome_does_not_depend_on_the_order_of_the_cells(
     rng.shuffle(shuffled)
     assert place(r, shuffled) == place(r, cells)
     assert Placer(shuffled).place(r) == Placer(cells).place(r)
+
+
+def test_a_load_the_cells_status_shows_already_is_not_written_again() -> None:
+    load = CellLoad(2, 10)
+    assert load_to_publish(load, shown_tenants=2, shown_slots=10) is None
+    assert load_to_publish(load, shown_tenants=1, shown_slots=10) == load
+    assert load_to_publish(load, shown_tenants=2, shown_slots=5) == load
+    # A status that shows no load yet gets one, zeros included.
+    assert load_to_publish(CellLoad(0, 0), shown_tenants=None, shown_slots=None) == CellLoad(0, 0)
+
+
+def test_a_cell_being_deleted_is_seen_as_deleting_whatever_its_site_reports() -> None:
+    assert candidate_phase(deleting=True, reported="Ready") == "Deleting"
+    assert candidate_phase(deleting=False, reported="Ready") == "Ready"
+    assert candidate_phase(deleting=False, reported=None) == "Pending"
+    assert candidate_phase(deleting=False, reported="") == "Pending"

@@ -25,9 +25,10 @@ from typing import Any, NewType
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
 from cellplane_operator.domain.fencing import ManualFence, fence_condition
 
-__all__ = ["CellName", "CellPhase", "Region", "Tier", "StandbyReport", "CellObservation", "plan_cell_status",
-           "plan_refused_failover", "SERVING_PHASES", "CellFacts", "CellVerdict", "judge_cell",
-           "plan_cell_acceptance"]
+__all__ = ["CellName", "CellPhase", "Region", "Tier", "StandbyReport", "CellObservation",
+           "plan_cell_status", "plan_refused_failover", "SERVING_PHASES", "CellFacts",
+           "CellVerdict", "judge_cell", "plan_cell_acceptance", "DeletionBlocked",
+           "cell_deletion"]
 
 CellName = NewType("CellName", str)
 Region = NewType("Region", str)
@@ -293,3 +294,30 @@ def plan_cell_acceptance(verdict: CellVerdict, *, generation: int,
     if verdict.unusable and current.get("phase") in (None, ""):
         patch["phase"] = "Pending"
     return patch or None
+
+
+# -- deletion: what keeps a Cell --------------------------------------------------------
+
+_NAMED_HOLDERS = 5
+"""Tenants named in a blocked deletion's Event; the count says how many more there are."""
+
+
+@dataclass(frozen=True)
+class DeletionBlocked:
+    """The Cell keeps its finalizer: tenants are still placed in it."""
+
+    reason: str
+    message: str
+
+
+def cell_deletion(name: str, holding: Sequence[str]) -> DeletionBlocked | None:
+    """Whether a Cell whose deletion was asked may go (None) or is kept, and why.
+
+    ``holding`` names the tenants whose placement records point at the cell: deleting
+    it under them would take their data with it, so they are moved or deleted first."""
+    if not holding:
+        return None
+    listed = sorted(holding)
+    return DeletionBlocked("DeletionBlocked",
+                           f"cell {name} still holds {len(listed)} tenant(s) "
+                           f"({', '.join(listed[:_NAMED_HOLDERS])}); move or delete them first")

@@ -8,12 +8,21 @@ and delete the Cell objects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cellplane_operator.domain.cells import CellName, Region
 from cellplane_operator.domain.placement import dedicated_cell_name
 
-__all__ = ["standby_region", "move_target_name", "made_for_move"]
+__all__ = ["standby_region", "move_target_name", "made_for_move", "dedicated_to",
+           "dedicated_cell_spec", "TENANT_LABEL", "TENANT_NAMESPACE_LABEL"]
+
+TENANT_LABEL = "cellplane.io/tenant"
+TENANT_NAMESPACE_LABEL = "cellplane.io/tenant-namespace"
+"""The labels that tie a dedicated cell to its tenant (namespaced, while the Cell is not)."""
+
+_INHERITED = ("driver", "lease", "failover")
+"""What a dedicated tenant's new cell takes from the cell it moves out of: how it runs."""
 
 _MOVE_TAG_CHARS = 8
 """Characters of the TenantMove's uid that end the name of the cell made for it."""
@@ -55,3 +64,22 @@ def made_for_move(cell: str, move_uid: str) -> bool:
 
 def _move_tag(move_uid: str) -> str:
     return f"-{move_uid[:_MOVE_TAG_CHARS]}"
+
+
+def dedicated_to(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(namespace, name) of the tenant a dedicated cell was made for, by its labels."""
+    name, namespace = labels.get(TENANT_LABEL), labels.get(TENANT_NAMESPACE_LABEL)
+    return (str(namespace), str(name)) if name and namespace else None
+
+
+def dedicated_cell_spec(*, region: str, max_running_jobs: int, standby: Region | None,
+                        like: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The spec of a dedicated tenant's own cell: one tenant, a worker slot for each job it
+    may run (one at least: a cell of none is refused), a standby where one is asked.
+
+    ``like`` is the spec of the cell a move takes the tenant out of: the new cell runs as
+    that one did (its driver, lease and failover settings), only elsewhere."""
+    return {**{k: v for k, v in (like or {}).items() if k in _INHERITED},
+            "region": region, "tier": "dedicated",
+            "capacity": {"tenants": 1, "workerSlots": max(max_running_jobs, 1)},
+            "standbyRegions": [] if standby is None else [standby]}

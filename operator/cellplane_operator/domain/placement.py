@@ -42,7 +42,8 @@ __all__ = [
     "RegionPolicy", "UnplaceableReason", "WaitReason", "UNAVAILABLE_PHASES",
     "CellCandidate", "PlacementRequest",
     "PlaceIn", "CreateDedicatedCell", "WaitForCell", "Unplaceable", "Outcome",
-    "place", "Placer", "CellLoad", "cell_loads", "dedicated_cell_name", "tenant_id",
+    "place", "Placer", "CellLoad", "cell_loads", "load_to_publish", "candidate_phase",
+    "dedicated_cell_name", "tenant_id",
 ]
 
 UNAVAILABLE_PHASES = frozenset({"Draining", "FailingOver", "Degraded", "Fenced", "Deleting"})
@@ -458,6 +459,22 @@ def cell_loads(records: Iterable[tuple[str, int]]) -> dict[str, CellLoad]:
         tenants[cell] = tenants.get(cell, 0) + 1
         slots[cell] = slots.get(cell, 0) + max_running_jobs
     return {cell: CellLoad(tenants[cell], slots[cell]) for cell in tenants}
+
+
+def load_to_publish(load: CellLoad, *, shown_tenants: int | None,
+                    shown_slots: int | None) -> CellLoad | None:
+    """The load to write into a cell's status (``tenants``, ``slotsInUse``), or None when
+    the status shows it already: the placement leader patches only what changed."""
+    if (shown_tenants, shown_slots) == (load.tenants, load.slots_in_use):
+        return None
+    return load
+
+
+def candidate_phase(*, deleting: bool, reported: str | None) -> str:
+    """The phase placement sees a cell in: ``Deleting`` once its deletion is asked (its
+    site may still report Ready), else the phase its site reports, ``Pending`` before it
+    reports one."""
+    return "Deleting" if deleting else str(reported or "Pending")
 
 
 # --- names ---------------------------------------------------------------------------

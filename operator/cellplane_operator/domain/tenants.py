@@ -10,7 +10,7 @@ is a reason on a condition, never an exception.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -20,6 +20,7 @@ from cellplane_cells.domain.plans import Quotas
 from cellplane_operator.domain.cells import SERVING_PHASES, CellPhase
 from cellplane_operator.domain.conditions import Condition, ConditionStatus, set_condition
 from cellplane_operator.domain.fencing import ManualFence
+from cellplane_operator.domain.moves import MOVING_PHASES
 
 _LABEL_VALUE_MAX = 63
 
@@ -29,7 +30,10 @@ asking again changes nothing until the spec (or the cell's policy) does."""
 
 __all__ = ["TenantPhase", "TenantProgress", "plan_tenant_status", "REFUSED_BY_CELL", "refused_by_cell",
            "name_problem", "TenantCell", "ProvisionIn", "WaitForTenantCell", "provisioning_cell",
-           "provisioned_event", "SayProgress", "ForgetSaid", "progress_news"]
+           "provisioned_event", "SayProgress", "ForgetSaid", "progress_news",
+           "provisioning_failed", "record_update_due", "secret_of_another_tenant",
+           "RemoveFrom", "CellGone", "removal_cell", "purges_data", "removed_message",
+           "MoveSeen", "moves_under_way"]
 
 
 class TenantPhase(StrEnum):
@@ -223,3 +227,100 @@ def progress_news(progress: TenantProgress, *,
         return None
     warning = progress.phase == TenantPhase.UNPLACEABLE or progress.refused
     return SayProgress("Warning" if warning else "Normal", said)
+
+
+# -- provisioning: what a failure means, what the record and the Secret need ---------------
+
+
+def provisioning_failed(*, cell: str, http_status: int,
+                        error: str) -> WaitForTenantCell | None:
+    """How a failed call to the cell's admin API is said while it is retried with backoff:
+    ``CellUnreachable`` (no answer, status 0) or ``CellFailed`` (an error on its side).
+    None when the cell refused what the spec asks (``REFUSED_BY_CELL``): asking again
+    changes nothing, and ``refused_by_cell`` says which field."""
+    if http_status in REFUSED_BY_CELL:
+        return None
+    return WaitForTenantCell("CellUnreachable" if http_status == 0 else "CellFailed",
+                             f"provisioning in cell {cell} failed, retried with backoff: {error}")
+
+
+def record_update_due(*, recorded_max_running_jobs: int, recorded_digest: str | None,
+                      max_running_jobs: int, digest: str) -> bool:
+    """Does the placement record lag the tenant as provisioned? Its ``max_running_jobs`` counts
+    in its cell's load, and the router checks API keys against its digest."""
+    return (recorded_max_running_jobs, recorded_digest) != (max_running_jobs, digest)
+
+
+def secret_of_another_tenant(*, secret_tenant_id: str | None, owner_uids: Collection[str],
+                             tenant_id: str, uid: str) -> bool:
+    """Is the tenant's Secret left over from a deleted Tenant of the same name (which the
+    garbage collector has not removed yet)? Its key names the old tenant id, which the
+    router would route to, and unlocks the retained rows: it is never reused."""
+    if secret_tenant_id is not None and secret_tenant_id != tenant_id:
+        return True
+    return bool(owner_uids) and uid not in owner_uids
+
+
+# -- removal: whether the tenant can leave its cell now, and what is said ------------------
+
+
+@dataclass(frozen=True)
+class RemoveFrom:
+    """The cell serves: remove the tenant through its admin API."""
+
+    admin_endpoint: str
+
+
+@dataclass(frozen=True)
+class CellGone:
+    """No Cell object by that name: nothing holds the tenant any more."""
+
+
+def removal_cell(name: str, cell: TenantCell | None) -> RemoveFrom | CellGone | WaitForTenantCell:
+    """May a deleted tenant be removed from its cell ``name`` now? Only a serving cell can
+    be asked; a fence does not stop a removal (it refuses the tenant's writes, not the
+    admin API's)."""
+    if cell is None:
+        return CellGone()
+    if cell.phase not in SERVING_PHASES or not cell.admin_endpoint:
+        return WaitForTenantCell("CellUnavailable",
+                                 f"waiting for cell {name} to serve, to remove the tenant from it")
+    return RemoveFrom(cell.admin_endpoint)
+
+
+def purges_data(deletion_policy: str) -> bool:
+    """``Delete`` removes the tenant's rows (and its dedicated cell); ``Retain`` keeps them,
+    disabled."""
+    return deletion_policy == "Delete"
+
+
+def removed_message(*, cell: str, tenant_id: str, purge: bool) -> str:
+    """The ``Removed`` Event's message: where the data went, and how to reach what was kept."""
+    if purge:
+        return f"left cell {cell}; its data was deleted"
+    return (f"left cell {cell}; its data was kept, disabled, as tenant {tenant_id} "
+            "(deletionPolicy Retain; the cell's admin API reaches it at "
+            f"/admin/v1/tenants/{tenant_id}). A Tenant created again under this name is a new "
+            "tenant with a new id and none of this data")
+
+
+# -- moves: which TenantMoves hold the tenant ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoveSeen:
+    """A TenantMove in the tenant's namespace, as the cache holds it."""
+
+    name: str
+    tenant: str | None
+    """spec.tenant; None when the spec cannot be read."""
+    phase: str | None
+    target_cell: str | None
+
+
+def moves_under_way(tenant: str, moves: Iterable[MoveSeen], *, described: bool) -> list[str]:
+    """The moves of ``tenant`` that have started and not ended, by name (``described``:
+    with their phase and target, for the tenant's Moving condition), sorted."""
+    return sorted(f"{move.name}: {move.phase} to cell {move.target_cell}" if described
+                  else move.name
+                  for move in moves if move.tenant == tenant and move.phase in MOVING_PHASES)

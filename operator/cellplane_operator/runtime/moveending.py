@@ -13,14 +13,13 @@ import asyncio
 import datetime
 from typing import Any
 
-from cellplane_operator.domain.dedicated import made_for_move
+from cellplane_operator.domain.dedicated import dedicated_to, made_for_move
 from cellplane_operator.domain.move_status import MoveReport
 from cellplane_operator.domain.move_steps import Again, Ended, StepOutcome
 from cellplane_operator.domain.moves import KeepSource, MovePhase, source_retention
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.kube import TENANTMOVES
 from cellplane_operator.runtime.movecontext import MOVE_FINALIZER, Move, MoveRun, MoveSupport
-from cellplane_operator.runtime.tenants import dedicated_to
 
 __all__ = ["MoveEnding"]
 
@@ -81,7 +80,7 @@ class MoveEnding:
         source = move.status.source_cell or ""
         cell = self._ctx.cache.cells.get(source)
         spec = move.current.spec
-        if cell is None or spec is None or dedicated_to(cell.body) != (move.key.namespace,
+        if cell is None or spec is None or dedicated_to(cell.meta.labels) != (move.key.namespace,
                                                                        spec.tenant):
             return Ended()
         completed = move.condition("Completed")
@@ -135,7 +134,7 @@ class MoveEnding:
         spec = move.current.spec
         owner = (move.key.namespace, spec.tenant if spec is not None else None)
         for name, cell in list(self._ctx.cache.cells.items()):
-            if made_for_move(name, move.current.meta.uid) and dedicated_to(cell.body) == owner \
+            if made_for_move(name, move.current.meta.uid) and dedicated_to(cell.meta.labels) == owner \
                     and await self._support.tenants.delete_unused_cell(name):
                 return name
         return None

@@ -4,7 +4,8 @@ kopf's watch feeds ``observe_cell`` / ``observe_tenant``; everything else runs
 in tasks started here. A site runner runs for every cell with a site in this
 region (its home region or one of its standby regions; which site is the
 primary is decided in etcd, see ``runtime/cellsite.py``); the tenant controller runs always and acts
-only while this operator leads the placement election.
+only while this operator leads the placement election, and runs the cell controller
+(acceptance, loads, the deletion guard) while it does.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from cellplane_operator.clock import SystemClock
 from cellplane_operator.kube import KubeClient, KubeConfig
 from cellplane_operator.ownership.election import Leadership
 from cellplane_operator.runtime.cache import ObjectCache
+from cellplane_operator.runtime.cells import CellController
 from cellplane_operator.runtime.objects import CellObject, body_of
 from cellplane_operator.runtime.cellsite import CellSiteRunner
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.moves import MoveController
+from cellplane_operator.runtime.placing import Placements
 from cellplane_operator.runtime.specs import CellSettings
 from cellplane_operator.runtime.tenants import TenantController
 from cellplane_operator.settings import OperatorSettings
@@ -48,6 +51,7 @@ class RegionRuntime:
         self._sites: dict[str, tuple[CellSiteRunner, asyncio.Event, asyncio.Task[None]]] = {}
         self.ctx: RegionContext | None = None
         self.tenants: TenantController | None = None
+        self.cells: CellController | None = None
         self.moves: MoveController | None = None
 
     async def start(self) -> None:
@@ -66,9 +70,13 @@ class RegionRuntime:
         member = settings.member or f"{settings.region}-{os.getpid()}"
         leadership = Leadership(store, region=settings.region, member=member,
                                 settings=settings.election, clock=clock)
-        self.tenants = TenantController(self.ctx, leadership)
+        placements = Placements(self.ctx, leadership)
+        self.cells = CellController(self.ctx, placements)
+        self.tenants = TenantController(self.ctx, leadership, placements=placements,
+                                        cells=self.cells)
         cache.on_tenant.append(self.tenants.tenant_changed)
         cache.on_cell.append(self._cell_changed)
+        cache.on_cell.append(self.cells.cell_changed)
         cache.on_cell.append(self.tenants.cell_changed)
         self.moves = MoveController(self.ctx, leadership, self.tenants)
         cache.on_move.append(self.moves.move_changed)
