@@ -212,7 +212,8 @@ async def test_a_worker_gives_a_freed_slot_to_a_waiting_critical_job_before_its_
                     [critical] = enqueue(conn, "acme", 1, priority="CRITICAL")
                     enqueue(conn, "acme", 5, priority="LOW")
                 release.set()
-                await until(lambda: len(target.snapshot()) == 2)
+                # At least: the worker may run the queued LOW jobs between two looks.
+                await until(lambda: len(target.snapshot()) >= 2)
                 stop.set()
                 await running
         assert target.snapshot()[1].json["job_id"] == str(critical)
