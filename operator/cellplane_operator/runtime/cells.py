@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cellplane_operator.aio import running
 from cellplane_operator.api.v1alpha1 import CellStatus
 from cellplane_operator.domain.cells import CellFacts, cell_deletion, judge_cell, plan_cell_acceptance
 from cellplane_operator.domain.placement import load_to_publish
@@ -80,20 +81,11 @@ class CellController:
         Started by the tenant controller once it leads and has read the records."""
         for name in list(self._ctx.cache.cells):
             self._queue.add(name)
-        tasks = [asyncio.create_task(self._queue.run(self._ctx.settings.tenant_workers)),
-                 asyncio.create_task(self._resync()),
-                 asyncio.create_task(self._publish_loads())]
-        try:
+        async with running(self._queue.run(self._ctx.settings.tenant_workers),
+                           self._queue.resync_every(self._ctx.settings.resync_seconds,
+                                                    lambda: self._ctx.cache.cells),
+                           self._publish_loads()) as tasks:
             await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self._ctx.settings.resync_seconds)
-            self._queue.resync(list(self._ctx.cache.cells))
 
     # -- one cell ----------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from cellplane_operator.aio import first_of
+from cellplane_operator.aio import first_of, running
 from cellplane_operator.domain.move_copy import NeverFits
 from cellplane_operator.domain.move_status import MoveReport
 from cellplane_operator.domain.move_steps import Again, Ended, StepOutcome, abort_cause
@@ -101,25 +101,18 @@ class MoveController:
     async def _lead(self, stop: asyncio.Event) -> None:
         for key in list(self._ctx.cache.moves):
             self._queue.add(key)
-        work = asyncio.create_task(self._queue.run(self._ctx.settings.move_workers))
-        resync = asyncio.create_task(self._resync())
         try:
-            while not stop.is_set() and self._leadership.leading:
-                await first_of(stop, timeout=_LEADERSHIP_POLL_SECONDS)
+            async with running(self._queue.run(self._ctx.settings.move_workers),
+                               self._queue.resync_every(self._ctx.settings.resync_seconds,
+                                                        lambda: self._ctx.cache.moves)):
+                while not stop.is_set() and self._leadership.leading:
+                    await first_of(stop, timeout=_LEADERSHIP_POLL_SECONDS)
         finally:
-            for task in (work, resync):
-                task.cancel()
-            await asyncio.gather(work, resync, return_exceptions=True)
             # What the steps carried is the next leader's to rebuild from the status.
             self._runs.clear()
             for timer in self._timers.values():
                 timer.cancel()
             self._timers.clear()
-
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self._ctx.settings.resync_seconds)
-            self._queue.resync(list(self._ctx.cache.moves))
 
     async def _reconcile(self, key: TenantKey) -> None:
         found = self._ctx.cache.moves.get(key)

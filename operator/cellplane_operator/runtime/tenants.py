@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from cellplane_cells.domain.plans import Quotas
 
-from cellplane_operator.aio import first_of
+from cellplane_operator.aio import first_of, running
 from cellplane_operator.api.v1alpha1 import TenantStatus
 from cellplane_operator.domain.cells import Tier
 from cellplane_operator.domain.fencing import requested_fence
@@ -119,22 +119,13 @@ class TenantController:
         for key in list(self._ctx.cache.tenants):
             self._queue.add(key)
         # The cells' controller only now: its deletion guard counts the records just read.
-        tasks = [asyncio.create_task(self._queue.run(self._ctx.settings.tenant_workers)),
-                 asyncio.create_task(self._resync()),
-                 asyncio.create_task(self._cells.serve())]
-        try:
+        async with running(self._queue.run(self._ctx.settings.tenant_workers),
+                           self._queue.resync_every(self._ctx.settings.resync_seconds,
+                                                    lambda: self._ctx.cache.tenants),
+                           self._cells.serve()):
             while not stop.is_set() and self._leadership.leading:
                 self._leadership.changed.clear()
                 await first_of(stop, self._leadership.changed)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self._ctx.settings.resync_seconds)
-            self._queue.resync(list(self._ctx.cache.tenants))
 
     # -- one tenant: read, place, provision ----------------------------------------------
 

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
+from cellplane_operator.aio import running
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.runtime.retries import FailureLog, RetrySchedule
 
@@ -73,13 +74,15 @@ class WorkQueue(Generic[K]):
 
     async def run(self, workers: int) -> None:
         """Reconciles with ``workers`` at once until cancelled."""
-        tasks = [asyncio.create_task(self._work()) for _ in range(workers)]
-        try:
+        async with running(*(self._work() for _ in range(workers))) as tasks:
             await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def resync_every(self, seconds: float, keys: Callable[[], Iterable[K]]) -> None:
+        """Resyncs ``keys()`` every ``seconds`` until cancelled (level-triggered: a missed
+        event is caught at the next resync)."""
+        while True:
+            await asyncio.sleep(seconds)
+            self.resync(list(keys()))
 
     async def _work(self) -> None:
         while True:
