@@ -367,7 +367,16 @@ class Plane:
         await eventually(leads, f"{region} to lead the placement election")
         return other
 
+    async def leader(self) -> Operator:
+        """The operator that leads the placement election, once one does."""
+        async def found() -> Operator | None:
+            leading = [o for o in self.operators if o.leadership.leading]
+            return leading[0] if leading else None
+        return await eventually(found, "an operator to lead the placement election")
+
     async def close(self) -> None:
+        # A copy a test left held at its gate would keep its operator from stopping.
+        self.cells.page_gate = None
         for other in self.elections:
             await other.stop()
         for operator in self.operators:

@@ -10,10 +10,7 @@ Every wait is for a condition, never a fixed time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from cellplane_operator.kube import CELLS, TENANTS
 from cellplane_operator.runtime.context import FINALIZER
@@ -22,15 +19,6 @@ from regionfakes import Plane, condition, eventually
 NS = "team"
 CELL_EVENTS = "default"
 """Where the fake apiserver keeps the Events of cluster-scoped objects."""
-
-
-@pytest.fixture
-async def plane() -> AsyncIterator[Plane]:
-    plane = Plane()
-    try:
-        yield plane
-    finally:
-        await plane.close()
 
 
 async def accepted_where(plane: Plane, name: str, what: str, test: Any) -> dict[str, Any]:

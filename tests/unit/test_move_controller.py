@@ -10,7 +10,6 @@ fake cells' ``page_gate``, so what a test does "during the copy" happens there.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,21 +18,11 @@ from cellplane_operator.cellmemory import FakeCell
 from cellplane_operator.kube import CELLS, TENANTMOVES
 from cellplane_operator.placement.records import TenantKey
 from cellplane_operator.runtime import movedata
-from regionfakes import Operator, Plane, condition, eventually
+from regionfakes import Plane, condition, eventually
 
 NS = "team"
 TARGET = "http://127.0.0.1:8080/run"
 """Loopback: a cell that allows no private targets refuses it."""
-
-
-@pytest.fixture
-async def plane() -> AsyncIterator[Plane]:
-    plane = Plane()
-    try:
-        yield plane
-    finally:
-        plane.cells.page_gate = None
-        await plane.close()
 
 
 class CopyGate:
@@ -51,13 +40,6 @@ class CopyGate:
 
     def release(self) -> None:
         self.released.set()
-
-
-async def leader(plane: Plane) -> Operator:
-    async def found() -> Operator | None:
-        leading = [o for o in plane.operators if o.leadership.leading]
-        return leading[0] if leading else None
-    return await eventually(found, "an operator to lead the placement election")
 
 
 async def placed_in_a1(plane: Plane, **spec: Any) -> tuple[FakeCell, FakeCell, str]:
@@ -266,14 +248,14 @@ async def test_a_new_leader_continues_a_move_its_predecessor_left_in_the_middle(
     first = await plane.operator()
     source, target, tenant_id = await placed_in_a1(plane)
     second = await plane.operator()
-    assert await leader(plane) is first
+    assert await plane.leader() is first
     gate = plane.cells.page_gate = CopyGate()
     await plane.create_move("to-a2", NS, "acme", targetCell="a2")
     await eventually(lambda: _set(gate.reached), "the copy to reach the targets")
     await move_where(plane, "to-a2", "copying", in_phase("Copying"))
 
     await first.stop()
-    assert await leader(plane) is second
+    assert await plane.leader() is second
     gate.release()
     status = await move_where(plane, "to-a2", "Completed", in_phase("Completed", "Failed"),
                               timeout=20.0)

@@ -10,7 +10,6 @@ controller's retries back off from 1 s, so a test takes a few seconds at most.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,29 +17,13 @@ import pytest
 from cellplane_operator.domain.routing import key_digest
 from cellplane_operator.kube import SECRETS, TENANTS
 from cellplane_operator.placement.records import TenantKey
-from regionfakes import Operator, Plane, condition, eventually
+from regionfakes import Plane, condition, eventually
 
 NS = "team"
 TARGET = "http://127.0.0.1:8080/run"
 HOOK = "http://127.0.0.1:8081/hook"
 PRIVATE = "http://10.20.30.40/run"
 """Refused by a cell that does not allow private targets (production's policy)."""
-
-
-@pytest.fixture
-async def plane() -> AsyncIterator[Plane]:
-    plane = Plane()
-    try:
-        yield plane
-    finally:
-        await plane.close()
-
-
-async def leader(plane: Plane) -> Operator:
-    async def found() -> Operator | None:
-        leading = [o for o in plane.operators if o.leadership.leading]
-        return leading[0] if leading else None
-    return await eventually(found, "an operator to lead the placement election")
 
 
 async def status_where(plane: Plane, name: str, what: str, test: Any) -> dict[str, Any]:
@@ -176,7 +159,7 @@ async def test_an_operator_that_does_not_lead_the_election_writes_nothing(plane:
 
     # The leader stops: this operator takes the election over and does it all.
     await other.stop()
-    assert await leader(plane) is operator
+    assert await plane.leader() is operator
     status = await status_where(plane, "acme", "Ready", ready)
     assert f"cell put_tenant {status['tenantId']}" in operator.writes
 
@@ -184,7 +167,7 @@ async def test_an_operator_that_does_not_lead_the_election_writes_nothing(plane:
 async def test_two_operators_watching_the_same_tenants_only_the_leader_acts(plane: Plane) -> None:
     await plane.ready_cell("a1")
     first, second = await plane.operator("region-a"), await plane.operator("region-b")
-    leading = await leader(plane)
+    leading = await plane.leader()
     follower = second if leading is first else first
     await plane.create_tenant("acme", NS)
 
