@@ -127,6 +127,7 @@ class StandbySite:
                                admin_token=await self._ctx.cell_admin_token(cell.name),
                                worker_processes=cell.worker_processes,
                                slots_per_worker=cell.slots_per_worker,
+                               priority_floors=cell.priority_floors,
                                allow_private_targets=cell.allow_private_targets)
             await self._ctx.driver.warm_up(self._site, spec)
             self._warm_epoch = epoch
