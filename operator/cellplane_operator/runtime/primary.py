@@ -37,7 +37,7 @@ from cellplane_operator.runtime.cellstatus import CellStatusReporter, current_st
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.handover import PlannedHandover
 from cellplane_operator.runtime.specs import CellSettings
-from cellplane_operator.sites.base import DatabaseEndpoint, ServingSpec, SiteHealth, SiteKey
+from cellplane_operator.sites.base import DatabaseEndpoint, SiteHealth, SiteKey
 from cellplane_operator.sites.reports import SiteReport
 
 __all__ = ["PrimarySite", "RunningSite"]
@@ -275,17 +275,13 @@ class PrimarySite:
     def _workers(self) -> WorkerSetup:
         in_force = self._grant.fenced_by if self._grant is not None else None
         cell = self._runner.cell
-        return WorkerSetup(processes=worker_processes(configured=cell.worker_processes,
-                                                      fence_asked=self._runner.fence is not None,
-                                                      fence_in_force=in_force is not None),
-                           slots=cell.slots_per_worker, floors=cell.priority_floors)
+        return cell.workers(worker_processes(configured=cell.worker_processes,
+                                             fence_asked=self._runner.fence is not None,
+                                             fence_in_force=in_force is not None))
 
     async def _start_serving(self, epoch: int, token: str) -> SiteHealth | None:
         workers = self._workers()
-        spec = ServingSpec(epoch=epoch, admin_token=token,
-                           worker_processes=workers.processes, slots_per_worker=workers.slots,
-                           priority_floors=workers.floors,
-                           allow_private_targets=self._runner.cell.allow_private_targets)
+        spec = self._runner.cell.serving_spec(epoch, token, workers)
         try:
             await self._ctx.driver.start_serving(self._site, spec)
         except CellplaneError as error:

@@ -19,6 +19,8 @@ from cellplane_operator.api.quota_rules import QUOTA_FIELDS
 from cellplane_operator.domain.cells import Tier
 from cellplane_operator.domain.ownership import LeaseSettings
 from cellplane_operator.domain.placement import RegionPolicy
+from cellplane_operator.domain.primary_site import WorkerSetup
+from cellplane_operator.sites.base import ServingSpec
 
 __all__ = ["CellSettings", "TenantSettings"]
 
@@ -78,6 +80,20 @@ class CellSettings:
     @property
     def slots_per_worker(self) -> int:
         return _slots_per_worker(self.worker_slots, self.workers_sharing_slots)
+
+    def workers(self, processes: int) -> WorkerSetup:
+        """``processes`` workers (the runner's count: none while fenced) as the Cell sets
+        them up: each with its share of the slots and the Cell's floors."""
+        return WorkerSetup(processes=processes, slots=self.slots_per_worker,
+                           floors=self.priority_floors)
+
+    def serving_spec(self, epoch: int, admin_token: str, workers: WorkerSetup) -> ServingSpec:
+        """What a site driver is asked to run for this cell: the one place a Cell's
+        settings become its processes' (the primary's and a standby's warmed-up API)."""
+        return ServingSpec(epoch=epoch, admin_token=admin_token,
+                           worker_processes=workers.processes, slots_per_worker=workers.slots,
+                           priority_floors=workers.floors,
+                           allow_private_targets=self.allow_private_targets)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> CellSettings:
