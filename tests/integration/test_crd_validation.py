@@ -91,6 +91,9 @@ def get_spec(kube: LocalControlPlane, kind: str, name: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- refusals
 
+FLOORS_MESSAGE = ("capacity.priorityFloors must add up to at most each worker's slots: "
+                  "capacity.workerSlots spread over the workers (driver.workerProcesses; "
+                  "driver.workerReplicas for the kubernetes driver), rounded up")
 TOO_MANY_REGIONS = ["region-b", "region-c", "region-d", "region-e", "region-f"]
 
 CELL_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
@@ -167,23 +170,18 @@ CELL_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "floors-above-the-slots": (
         cell_spec(capacity={"tenants": 10, "workerSlots": 40,
                             "priorityFloors": {"critical": 20, "high": 20, "low": 1}}),
-        ("spec.capacity.priorityFloors: Invalid value",
-         "capacity.priorityFloors add up to 41, more than the 40 slots of each worker: "
-         "capacity.workerSlots (40) over 1 worker(s), rounded up")),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
     # Floors are per worker: 40 slots over 3 processes are 14 each (rounded up).
     "floors-above-a-workers-slots": (
         cell_spec(capacity={"tenants": 10, "workerSlots": 40,
                             "priorityFloors": {"critical": 10, "default": 5}},
                   driver={"workerProcesses": 3}),
-        ("spec.capacity.priorityFloors: Invalid value",
-         "add up to 15, more than the 14 slots of each worker: capacity.workerSlots (40) "
-         "over 3 worker(s)")),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
     # The kubernetes driver's workers are its replicas (workerProcesses is not its count).
     "floors-above-a-pods-slots": (
         cell_spec(capacity={"tenants": 10, "workerSlots": 40, "priorityFloors": {"high": 11}},
                   driver=kubernetes_driver(workerReplicas=4, workerProcesses=1)),
-        ("spec.capacity.priorityFloors: Invalid value",
-         "add up to 11, more than the 10 slots of each worker")),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
 }
 
 
@@ -376,8 +374,7 @@ CHANGES: dict[str, tuple[str, dict[str, Any], dict[str, Any], tuple[str, ...]]] 
         cell_spec(capacity={"tenants": 10, "workerSlots": 40, "priorityFloors": {
             "critical": 10, "high": 0, "default": 0, "low": 0}},
             driver={"workerProcesses": 8}),
-        ("spec.capacity.priorityFloors: Invalid value",
-         "add up to 10, more than the 5 slots of each worker")),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
     "tenant-isolation": ("Tenant", tenant_spec(), tenant_spec(isolation="dedicated"),
                          ("spec.isolation: Invalid value",
                           "isolation is immutable; move the tenant to a new cell instead")),
