@@ -91,6 +91,9 @@ def get_spec(kube: LocalControlPlane, kind: str, name: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- refusals
 
+FLOORS_MESSAGE = ("capacity.priorityFloors must add up to at most each worker's slots: "
+                  "capacity.workerSlots spread over the workers (driver.workerProcesses; "
+                  "driver.workerReplicas for the kubernetes driver), rounded up")
 TOO_MANY_REGIONS = ["region-b", "region-c", "region-d", "region-e", "region-f"]
 
 CELL_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
@@ -160,6 +163,25 @@ CELL_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                          ("spec.driver.workerProcesses: Invalid value: 17",)),
     "draining-not-bool": (cell_spec(draining="yes"),
                           ('spec.draining: Invalid value: "string"',)),
+    "floor-negative": (cell_spec(capacity={"tenants": 1, "workerSlots": 10,
+                                           "priorityFloors": {"low": -1}}),
+                       ("spec.capacity.priorityFloors.low: Invalid value: -1",)),
+    # 40 slots over one worker: 41 is one too many.
+    "floors-above-the-slots": (
+        cell_spec(capacity={"tenants": 10, "workerSlots": 40,
+                            "priorityFloors": {"critical": 20, "high": 20, "low": 1}}),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
+    # Floors are per worker: 40 slots over 3 processes are 14 each (rounded up).
+    "floors-above-a-workers-slots": (
+        cell_spec(capacity={"tenants": 10, "workerSlots": 40,
+                            "priorityFloors": {"critical": 10, "default": 5}},
+                  driver={"workerProcesses": 3}),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
+    # The kubernetes driver's workers are its replicas (workerProcesses is not its count).
+    "floors-above-a-pods-slots": (
+        cell_spec(capacity={"tenants": 10, "workerSlots": 40, "priorityFloors": {"high": 11}},
+                  driver=kubernetes_driver(workerReplicas=4, workerProcesses=1)),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
 }
 
 
@@ -344,6 +366,15 @@ CHANGES: dict[str, tuple[str, dict[str, Any], dict[str, Any], tuple[str, ...]]] 
         cell_spec(driver=kubernetes_driver(storage={"size": "2000Mi"})),
         ("spec.driver.storage.size: Invalid value",
          "storage.size may only grow: a claim cannot shrink")),
+    # Not immutable, but refused all the same: more workers leave each too few slots for
+    # the floors the cell keeps.
+    "cell-workers-too-many-for-the-floors": (
+        "Cell", cell_spec(capacity={"tenants": 10, "workerSlots": 40, "priorityFloors": {
+            "critical": 10, "high": 0, "default": 0, "low": 0}}),
+        cell_spec(capacity={"tenants": 10, "workerSlots": 40, "priorityFloors": {
+            "critical": 10, "high": 0, "default": 0, "low": 0}},
+            driver={"workerProcesses": 8}),
+        ("spec.capacity.priorityFloors: Invalid value", FLOORS_MESSAGE)),
     "tenant-isolation": ("Tenant", tenant_spec(), tenant_spec(isolation="dedicated"),
                          ("spec.isolation: Invalid value",
                           "isolation is immutable; move the tenant to a new cell instead")),
@@ -393,6 +424,13 @@ ALLOWED_CHANGES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         cell_spec(driver=kubernetes_driver(storage={"className": "fast", "size": "1.5Gi"},
                                            apiReplicas=3, workerReplicas=2,
                                            claimPolicy="Delete"))),
+    "cell-floors-change": (
+        "Cell", cell_spec(capacity={"tenants": 10, "workerSlots": 40,
+                                    "priorityFloors": {"critical": 4, "high": 4, "default": 4,
+                                                       "low": 28}}),
+        cell_spec(capacity={"tenants": 10, "workerSlots": 40,
+                            "priorityFloors": {"critical": 8, "high": 0, "default": 0,
+                                               "low": 0}})),
     "tenant-pinned-changes-plan": ("Tenant", tenant_spec(cell="shared-a1"),
                                    tenant_spec(cell="shared-a1", plan="enterprise")),
     "move-aborted": ("TenantMove", move_spec(), move_spec(abort=True)),
@@ -428,6 +466,11 @@ DEFAULTED: dict[str, tuple[str, type[ApiModel], dict[str, Any], dict[str, Any]]]
         "driver": {"name": "local", "workerProcesses": 4, "allowPrivateTargets": False,
                    "storage": {"size": "1Gi"}, "apiReplicas": 1, "workerReplicas": 1,
                    "claimPolicy": "Retain"}}),
+    "cell-floors": ("Cell", v1alpha1.CellSpec,
+                    cell_spec(capacity={"tenants": 10, "workerSlots": 40,
+                                        "priorityFloors": {"critical": 4}}),
+                    {"capacity": {"tenants": 10, "workerSlots": 40, "priorityFloors": {
+                        "critical": 4, "high": 0, "default": 0, "low": 0}}}),
     "cell-kubernetes": ("Cell", v1alpha1.CellSpec,
                         cell_spec(driver={"name": "kubernetes",
                                           "storage": {"className": "fast"},

@@ -28,6 +28,7 @@ import pytest
 from cellplane_cells.migrate import available_migrations
 from cellplane_operator.errors import SiteError
 from cellplane_operator.localplane.process import wait_for
+from cellplane_operator.runtime.specs import CellSettings
 from cellplane_operator.sites import (
     DatabaseEndpoint,
     ServingSpec,
@@ -211,6 +212,54 @@ async def test_a_new_epoch_replaces_every_process(sites: Sites) -> None:
     assert "shared-a1@region-a-w1-e2" in Path(f"/proc/{new['worker-1']}/cmdline").read_text()
     assert _admin_health(endpoints.admin)["epoch"] == 2
     assert (await sites.driver.check(PRIMARY)).epoch == 2
+
+
+def _cell(priority_floors: dict[str, int]) -> CellSettings:
+    """A Cell as the operator reads it: 8 slots over 2 worker processes, 4 each."""
+    return CellSettings.from_body({"metadata": {"name": PRIMARY.cell}, "spec": {
+        "region": PRIMARY.region, "tier": "shared",
+        "capacity": {"tenants": 2, "workerSlots": 8, "priorityFloors": priority_floors},
+        "driver": {"workerProcesses": 2, "allowPrivateTargets": True}}})
+
+
+def _argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+
+
+def _said_at_start_up(sites: Sites, role: str, floors: str) -> bool:
+    """The worker's own word (``cellplane cell work`` logs the floors it parsed)."""
+    said = sites.layout(PRIMARY).log(role).read_text(errors="replace")
+    return "worker shared-a1@region-a-w" in said and f"4 slots (floors {floors})" in said
+
+
+async def test_workers_run_with_the_cells_priority_floors_and_restart_when_they_change(
+        sites: Sites) -> None:
+    database = await sites.driver.ensure_primary_database(PRIMARY)
+    _grant(database, 1)
+    cell = _cell({"critical": 2, "high": 1})
+    await sites.driver.start_serving(PRIMARY, cell.serving_spec(1, TOKEN, cell.workers(2)))
+
+    before = sites.pids(PRIMARY)
+    for role in ("worker-0", "worker-1"):
+        argv = _argv(before[role])
+        assert argv[argv.index("--slots") + 1] == "4"
+        assert argv[argv.index("--priority-floors") + 1] == "CRITICAL=2,HIGH=1,DEFAULT=0,LOW=0"
+        wait_for(lambda: _said_at_start_up(sites, role, "CRITICAL 2, HIGH 1, DEFAULT 0, LOW 0"),
+                 timeout=30, what=f"{role} to say its floors")
+
+    # The Cell's floors changed: the workers are restarted with them; the API and the
+    # database are left alone.
+    changed = _cell({"low": 3})
+    await sites.driver.start_serving(PRIMARY, changed.serving_spec(1, TOKEN, changed.workers(2)))
+
+    after = sites.pids(PRIMARY)
+    assert (after["api"], after["postgres"]) == (before["api"], before["postgres"])
+    for role in ("worker-0", "worker-1"):
+        assert not alive(before[role]) and alive(after[role])
+        argv = _argv(after[role])
+        assert argv[argv.index("--priority-floors") + 1] == "CRITICAL=0,HIGH=0,DEFAULT=0,LOW=3"
+        wait_for(lambda: _said_at_start_up(sites, role, "CRITICAL 0, HIGH 0, DEFAULT 0, LOW 3"),
+                 timeout=30, what=f"{role} to say its new floors")
 
 
 async def test_a_killed_api_is_restarted_by_check(sites: Sites) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cellplane_cells.domain.priorities import Floors, Priority
 from cellplane_operator.domain.failover import SWITCHOVER_TO
 from cellplane_operator.domain.ownership import Role
 from cellplane_operator.kube import CELLS
@@ -64,6 +65,34 @@ async def test_the_home_region_takes_the_lease_serves_under_its_epoch_and_report
     assert report is not None and report.serving and report.epoch == 1
     assert report.endpoints == site.endpoints
     assert await eventually(lambda: world.events("Serving"), "the Serving Event")
+
+
+async def test_new_priority_floors_on_the_cell_restart_its_workers_under_the_same_epoch(
+        world: CellWorld) -> None:
+    await world.create_cell()
+    await world.region("region-a")
+    await ready_status(world, 1)
+    site = world.site("region-a")
+    assert site is not None and site.serving is not None
+    assert site.serving.priority_floors is None  # unset: the workers' default shares
+
+    await world.kube.patch(CELLS, CELL, {"spec": {"capacity": {
+        "priorityFloors": {"critical": 4, "low": 1}}}})
+
+    wanted = Floors(20, {Priority.CRITICAL: 4, Priority.HIGH: 0, Priority.DEFAULT: 0,
+                         Priority.LOW: 1})
+
+    async def restarted() -> bool:
+        found = world.site("region-a")
+        return (found is not None and found.serving is not None
+                and found.serving.priority_floors == wanted)
+    await eventually(restarted, "the workers started with the Cell's floors")
+    assert site.serving.epoch == 1 and site.serving.slots_per_worker == 20
+
+    async def said() -> list[dict[str, object]]:
+        return [e for e in await world.events("Serving")
+                if "floors CRITICAL=4,HIGH=0,DEFAULT=0,LOW=1" in str(e["message"])]
+    assert await eventually(said, "the Serving Event with the new floors")
 
 
 async def test_an_owner_cut_off_from_etcd_stops_its_writes_and_processes_before_its_lease_ends(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cellplane_cells.domain.priorities import Floors, Priority
 from cellplane_operator.domain.primary_site import (
-    PrimaryProcesses, must_start_serving, status_write_due, worker_processes,
+    PrimaryProcesses, WorkerSetup, must_start_serving, status_write_due, worker_processes,
 )
 
+TWO = WorkerSetup(processes=2, slots=10, floors=None)
 SERVING = PrimaryProcesses(epoch=3, granted_epoch=3, database_up=True, running_epoch=3,
-                           serving_epoch=3, serving_workers=2, workers=2)
+                           serving_epoch=3, serving_workers=TWO, workers=TWO)
 
 
 def test_no_workers_while_a_fence_is_asked_for_or_still_in_force() -> None:
@@ -38,8 +40,24 @@ def test_an_api_warmed_up_on_the_standby_gets_its_workers() -> None:
 
 
 def test_a_fence_put_on_or_lifted_restarts_with_the_new_number_of_workers() -> None:
-    assert must_start_serving(replace(SERVING, workers=0))
-    assert must_start_serving(replace(SERVING, serving_workers=0))
+    assert must_start_serving(replace(SERVING, workers=replace(TWO, processes=0)))
+    assert must_start_serving(replace(SERVING, serving_workers=replace(TWO, processes=0)))
+
+
+def test_new_slots_or_priority_floors_on_the_cell_restart_the_workers() -> None:
+    floors = Floors(10, {Priority.CRITICAL: 4})
+    assert must_start_serving(replace(SERVING, workers=replace(TWO, floors=floors)))
+    assert must_start_serving(replace(SERVING, workers=replace(TWO, slots=5)))
+    with_floors = replace(SERVING, serving_workers=replace(TWO, floors=floors),
+                          workers=replace(TWO, floors=Floors(10, {Priority.CRITICAL: 4})))
+    assert not must_start_serving(with_floors)
+
+
+def test_the_serving_event_says_what_the_workers_run_with() -> None:
+    assert TWO.described() == "2 worker process(es) (10 slots each, default floors)"
+    floors = Floors(10, {Priority.CRITICAL: 4, Priority.LOW: 1})
+    assert replace(TWO, floors=floors).described() == (
+        "2 worker process(es) (10 slots each, floors CRITICAL=4,HIGH=0,DEFAULT=0,LOW=1)")
 
 
 STATUS = {"phase": "Ready", "standbyLagSeconds": 0.5,

@@ -114,6 +114,13 @@ def test_floors_parse_and_default() -> None:
     assert Floors.default_for(1) == Floors(1, {CRITICAL: 0, HIGH: 0, DEFAULT: 0, LOW: 0})
 
 
+def test_floors_written_as_text_read_back_as_themselves() -> None:
+    """What the operator puts on a worker's command line (``--priority-floors``)."""
+    assert FLOORS.as_text() == "CRITICAL=2,HIGH=2,DEFAULT=2,LOW=1"
+    assert parse_floors(FLOORS.as_text(), slots=10) == FLOORS
+    assert parse_floors(Floors(3, {HIGH: 1}).as_text(), slots=3).floor(HIGH) == 1
+
+
 counts = st.integers(min_value=0, max_value=30)
 
 

@@ -300,6 +300,27 @@ def test_a_new_epoch_rolls_the_api_and_workers() -> None:
     assert after["spec"]["strategy"] == {"type": "Recreate"}
 
 
+def test_workers_run_with_the_cells_slots_and_priority_floors() -> None:
+    def args(site: KubernetesSite) -> list[str]:
+        worker = one(site, "Deployment", "worker")["spec"]["template"]["spec"]["containers"][0]
+        found: list[str] = worker["args"]
+        return found
+
+    # No floors on the Cell: no flag, so the worker's own default shares (and a template
+    # that a cell made before floors were configurable keeps).
+    assert args(replace(ACTIVE, slots_per_worker=8)) == [
+        "cell", "work", "--slots=8", "--worker-id=$(POD_NAME)"]
+    floored = replace(ACTIVE, slots_per_worker=8,
+                      priority_floors="CRITICAL=2,HIGH=2,DEFAULT=1,LOW=1")
+    assert args(floored) == ["cell", "work", "--slots=8",
+                             "--priority-floors=CRITICAL=2,HIGH=2,DEFAULT=1,LOW=1",
+                             "--worker-id=$(POD_NAME)"]
+    # A change of floors is a new Pod template: the Deployment rolls its workers.
+    changed = replace(floored, priority_floors="CRITICAL=4,HIGH=0,DEFAULT=0,LOW=0")
+    assert (one(changed, "Deployment", "worker")["spec"]["template"]
+            != one(floored, "Deployment", "worker")["spec"]["template"])
+
+
 def test_a_switchover_creates_and_deletes_the_serving_objects_and_relabels_the_rest() -> None:
     down = role_change(ACTIVE, ServingRole.STANDBY)
     names = site_names("c1", "region-a")

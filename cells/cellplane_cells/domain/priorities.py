@@ -57,9 +57,9 @@ class Floors:
         if self.slots < 1:
             raise FloorsError(f"a worker needs at least one slot, got {self.slots}")
         if any(n < 0 for n in self.reserved.values()):
-            raise FloorsError(f"floors cannot be negative: {self._text()}")
+            raise FloorsError(f"floors cannot be negative: {self.as_text()}")
         if sum(self.reserved.values()) > self.slots:
-            raise FloorsError(f"floors {self._text()} add up to {sum(self.reserved.values())}, "
+            raise FloorsError(f"floors {self.as_text()} add up to {sum(self.reserved.values())}, "
                               f"more than the worker's {self.slots} slots")
 
     def floor(self, priority: Priority) -> int:
@@ -74,7 +74,8 @@ class Floors:
         """No reservation: every slot goes to the highest class with work."""
         return cls(slots, {})
 
-    def _text(self) -> str:
+    def as_text(self) -> str:
+        """Every class's floor as ``parse_floors`` reads it (``--priority-floors``)."""
         return ",".join(f"{p.value}={self.floor(p)}" for p in Priority)
 
 

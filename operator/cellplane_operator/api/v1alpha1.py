@@ -43,6 +43,7 @@ __all__ = [
     "TenantPhase",
     "MovePhase",
     "CellCapacity",
+    "PriorityFloors",
     "CellFailover",
     "CellTakeover",
     "CellReconciliation",
@@ -152,6 +153,20 @@ CellPhase = Literal["Pending", "Provisioning", "Ready", "Draining", "FailingOver
                     "Fenced"]
 
 
+class PriorityFloors(ApiModel):
+    """Slots of each worker process reserved per priority class (``--priority-floors`` of
+    ``cellplane cell work``); a class left out reserves none."""
+
+    critical: Integer = Field(default=0, ge=0, le=100000)
+    """Slots of each worker kept for CRITICAL jobs."""
+    high: Integer = Field(default=0, ge=0, le=100000)
+    """Slots of each worker kept for HIGH jobs."""
+    default: Integer = Field(default=0, ge=0, le=100000)
+    """Slots of each worker kept for DEFAULT jobs (a job that names no class)."""
+    low: Integer = Field(default=0, ge=0, le=100000)
+    """Slots of each worker kept for LOW jobs."""
+
+
 class CellCapacity(ApiModel):
     """How much placement may put into the cell."""
 
@@ -163,6 +178,12 @@ class CellCapacity(ApiModel):
     """Most tenants placement may put in this cell."""
     worker_slots: Integer = Field(ge=1, le=100000)
     """Jobs the cell's workers may run at once, over all tenants."""
+    priority_floors: PriorityFloors | None = None
+    """Slots of each worker process reserved per priority class: a class keeps its floor
+    while higher classes are busy, and idle slots go to the highest class with work. They
+    may add up to at most each worker's slots (workerSlots spread over the workers, rounded
+    up). Unset: 20% of each worker's slots for CRITICAL, HIGH and DEFAULT and 10% for LOW,
+    rounded down. A change restarts the workers."""
 
 
 class CellFailover(ApiModel):
@@ -280,6 +301,26 @@ class CellDriver(ApiModel):
     (and the data), Delete removes them. kubernetes driver only: a local cell ignores it."""
 
 
+def _floors_fit_each_worker() -> Rule:
+    """The floors are per worker process, so they must fit in one worker's slots: the
+    cell's workerSlots over its workers, rounded up (``CellSettings.slots_per_worker``, which
+    the operator checks again where it reads the Cell). Stated on the spec, the only place
+    that sees both the capacity and the driver's worker count (both defaulted by then)."""
+    floors = "self.capacity.priorityFloors"
+    total = " + ".join(f"{floors}.{name}" for name in ("critical", "high", "default", "low"))
+    workers = ("(self.driver.name == 'kubernetes' ? self.driver.workerReplicas"
+               " : self.driver.workerProcesses)")
+    each = f"((self.capacity.workerSlots + {workers} - 1) / {workers})"
+    return Rule(
+        f"!has({floors}) || {total} <= {each}",
+        "capacity.priorityFloors must add up to at most each worker's slots: "
+        "capacity.workerSlots spread over the workers (driver.workerProcesses; "
+        "driver.workerReplicas for the kubernetes driver), rounded up",
+        # No messageExpression with the numbers: string() of a sum has no size bound, and
+        # the apiserver's cost estimate then refuses the whole CRD.
+        field_path=".capacity.priorityFloors")
+
+
 class CellSpec(ApiModel):
     """The desired cell: one independent stack of the job platform (API, workers,
     Postgres) with its primary site in its home region and standbys elsewhere."""
@@ -290,6 +331,7 @@ class CellSpec(ApiModel):
         Rule("!has(self.standbyRegions) || !(self.region in self.standbyRegions)",
              "standbyRegions must not include the cell's own region",
              field_path=".standbyRegions"),
+        _floors_fit_each_worker(),
     ))
 
     region: DnsLabel = Field(json_schema_extra=cel(_immutable(

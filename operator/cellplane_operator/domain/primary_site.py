@@ -12,14 +12,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["worker_processes", "PrimaryProcesses", "must_start_serving", "status_write_due",
-           "without_lag"]
+from cellplane_cells.domain.priorities import Floors
+
+__all__ = ["worker_processes", "WorkerSetup", "PrimaryProcesses", "must_start_serving",
+           "status_write_due", "without_lag"]
 
 
 def worker_processes(*, configured: int, fence_asked: bool, fence_in_force: bool) -> int:
     """No workers while a person's fence is asked for or the database still holds a fenced
     grant: a worker the database refuses stops for good (and would be restarted)."""
     return 0 if fence_asked or fence_in_force else configured
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What the site's workers are started with; a change of any part restarts them."""
+
+    processes: int
+    """Worker processes (``worker_processes``)."""
+    slots: int
+    """Slots of each worker."""
+    floors: Floors | None
+    """Each worker's floors per priority class; None: the worker's default shares."""
+
+    def described(self) -> str:
+        """For the Event that says the workers were (re)started."""
+        floors = "default floors" if self.floors is None \
+            else f"floors {self.floors.as_text()}"
+        return f"{self.processes} worker process(es) ({self.slots} slots each, {floors})"
 
 
 @dataclass(frozen=True)
@@ -35,16 +55,18 @@ class PrimaryProcesses:
     """The epoch the site's processes run under, as its health check says."""
     serving_epoch: int | None
     """The epoch the runner last started the processes (with workers) under."""
-    serving_workers: int | None
-    workers: int
-    """The workers the site should run now (``worker_processes``)."""
+    serving_workers: WorkerSetup | None
+    """The workers the runner last started."""
+    workers: WorkerSetup
+    """The workers the site should run now (from the Cell, and ``worker_processes``)."""
 
 
 def must_start_serving(site: PrimaryProcesses) -> bool:
     """Must the API and workers be (re)started under the site's epoch? Only once the grant
     is in the database; then whenever they run under another epoch, were not started by
     this runner (an API warmed up on the standby this site was runs without workers), or
-    run another number of workers (a fence put on or lifted)."""
+    run other workers than the site should (a fence put on or lifted, the Cell's slots or
+    priority floors changed)."""
     if site.epoch is None or site.granted_epoch != site.epoch or not site.database_up:
         return False
     return (site.running_epoch != site.epoch or site.serving_epoch != site.epoch

@@ -158,6 +158,9 @@ class KubernetesSite:
     api_replicas: int = 1
     worker_replicas: int = 1
     slots_per_worker: int = 10
+    priority_floors: str | None = None
+    """Each worker's ``--priority-floors`` (``spec.capacity.priorityFloors``); None: the
+    worker's default shares."""
     allow_private_targets: bool = False
     """Development only (``spec.driver.allowPrivateTargets``)."""
     delete_claims: bool = False
@@ -501,7 +504,10 @@ def _workers(site: KubernetesSite) -> Manifest:
         "name": "worker", "image": site.image, "imagePullPolicy": site.image_pull_policy,
         "command": ["cellplane"],
         # A Pod's name is new with every Pod, and every epoch makes new Pods (Recreate).
+        # A change of slots or floors is a new template: the Deployment rolls its Pods.
         "args": ["cell", "work", f"--slots={site.slots_per_worker}",
+                 *([] if site.priority_floors is None
+                   else [f"--priority-floors={site.priority_floors}"]),
                  "--worker-id=$(POD_NAME)"],
         "env": env,
         # No probe: nothing routes to a worker; one whose lease heartbeats stop loses its

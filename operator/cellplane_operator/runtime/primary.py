@@ -26,7 +26,7 @@ from cellplane_operator.domain.failover import FORCE_FAILOVER, SWITCHOVER_TO, Ta
 from cellplane_operator.domain.fencing import ManualFence
 from cellplane_operator.domain.ownership import Role, database_grant
 from cellplane_operator.domain.primary_site import (
-    PrimaryProcesses, must_start_serving, worker_processes,
+    PrimaryProcesses, WorkerSetup, must_start_serving, worker_processes,
 )
 from cellplane_operator.errors import CellplaneError
 from cellplane_operator.metrics import standby_gone, takeover_served
@@ -37,7 +37,7 @@ from cellplane_operator.runtime.cellstatus import CellStatusReporter, current_st
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.handover import PlannedHandover
 from cellplane_operator.runtime.specs import CellSettings
-from cellplane_operator.sites.base import DatabaseEndpoint, ServingSpec, SiteHealth, SiteKey
+from cellplane_operator.sites.base import DatabaseEndpoint, SiteHealth, SiteKey
 from cellplane_operator.sites.reports import SiteReport
 
 __all__ = ["PrimarySite", "RunningSite"]
@@ -106,7 +106,7 @@ class PrimarySite:
         self._problem = ""
         self._granted_epoch: int | None = None
         self._serving_epoch: int | None = None
-        self._serving_workers: int | None = None
+        self._serving_workers: WorkerSetup | None = None
         self._takeover: _PendingTakeover | None = None
         """Set by ``start_acting`` when this site took the epoch from another; made a record
         (``_took_over``) once serving."""
@@ -272,18 +272,16 @@ class PrimarySite:
             log.warning("%s: could not apply the fence to the database grant: %s",
                         self._site.name, error)
 
-    def _workers(self) -> int:
+    def _workers(self) -> WorkerSetup:
         in_force = self._grant.fenced_by if self._grant is not None else None
-        return worker_processes(configured=self._runner.cell.worker_processes,
-                                fence_asked=self._runner.fence is not None,
-                                fence_in_force=in_force is not None)
+        cell = self._runner.cell
+        return cell.workers(worker_processes(configured=cell.worker_processes,
+                                             fence_asked=self._runner.fence is not None,
+                                             fence_in_force=in_force is not None))
 
     async def _start_serving(self, epoch: int, token: str) -> SiteHealth | None:
         workers = self._workers()
-        spec = ServingSpec(epoch=epoch, admin_token=token,
-                           worker_processes=workers,
-                           slots_per_worker=self._runner.cell.slots_per_worker,
-                           allow_private_targets=self._runner.cell.allow_private_targets)
+        spec = self._runner.cell.serving_spec(epoch, token, workers)
         try:
             await self._ctx.driver.start_serving(self._site, spec)
         except CellplaneError as error:
@@ -293,8 +291,8 @@ class PrimarySite:
         self._problem = ""
         self._serving_epoch, self._serving_workers = epoch, workers
         await self._ctx.event(self._runner.body, "Normal", "Serving",
-                              f"cell API and {spec.worker_processes} worker process(es) of "
-                              f"{self._site.name} serve under epoch {epoch}")
+                              f"cell API and {workers.described()} of {self._site.name} "
+                              f"serve under epoch {epoch}")
         return await self._check()
 
     def _record_takeover(self, epoch: int) -> None:

@@ -12,18 +12,42 @@ from enum import Enum
 from typing import Any
 
 from cellplane_cells.domain.plans import Plan, Quotas, quotas_for
+from cellplane_cells.domain.priorities import Floors, FloorsError, Priority
 
 from cellplane_operator.api import v1alpha1
 from cellplane_operator.api.quota_rules import QUOTA_FIELDS
 from cellplane_operator.domain.cells import Tier
 from cellplane_operator.domain.ownership import LeaseSettings
 from cellplane_operator.domain.placement import RegionPolicy
+from cellplane_operator.domain.primary_site import WorkerSetup
+from cellplane_operator.sites.base import ServingSpec
 
 __all__ = ["CellSettings", "TenantSettings"]
 
 
 def _text(value: Any) -> str:
     return str(value.value if isinstance(value, Enum) else value)
+
+
+def _slots_per_worker(worker_slots: int, workers: int) -> int:
+    """The cell's slots spread over its workers, rounded up: what each worker is started
+    with (``--slots``), and what the CRD's floors rule divides by."""
+    return max(1, math.ceil(worker_slots / workers))
+
+
+def _floors(spec: v1alpha1.CellSpec, slots_per_worker: int) -> Floors | None:
+    """The Cell's priority floors for one worker; None: the worker's own default shares.
+    Checked here too: floors stored before the CRD's rule (or under an older one) are a
+    spec the operator cannot run, said on the Cell, not workers that fail at start-up."""
+    floors = spec.capacity.priority_floors
+    if floors is None:
+        return None
+    try:
+        return Floors(slots_per_worker, {
+            Priority.CRITICAL: floors.critical, Priority.HIGH: floors.high,
+            Priority.DEFAULT: floors.default, Priority.LOW: floors.low})
+    except FloorsError as error:
+        raise ValueError(f"spec.capacity.priorityFloors: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -39,6 +63,12 @@ class CellSettings:
     failover_delay_seconds: float
     lease: LeaseSettings
     worker_processes: int
+    """The local driver's worker processes (0 of them while fenced is the runner's call)."""
+    workers_sharing_slots: int
+    """Over how many workers the slots are spread: the kubernetes driver's worker Pods
+    (workerReplicas), else the local driver's processes."""
+    priority_floors: Floors | None
+    """Each worker's floors; None: the worker's default shares."""
     allow_private_targets: bool
     draining: bool
 
@@ -49,11 +79,28 @@ class CellSettings:
 
     @property
     def slots_per_worker(self) -> int:
-        return max(1, math.ceil(self.worker_slots / self.worker_processes))
+        return _slots_per_worker(self.worker_slots, self.workers_sharing_slots)
+
+    def workers(self, processes: int) -> WorkerSetup:
+        """``processes`` workers (the runner's count: none while fenced) as the Cell sets
+        them up: each with its share of the slots and the Cell's floors."""
+        return WorkerSetup(processes=processes, slots=self.slots_per_worker,
+                           floors=self.priority_floors)
+
+    def serving_spec(self, epoch: int, admin_token: str, workers: WorkerSetup) -> ServingSpec:
+        """What a site driver is asked to run for this cell: the one place a Cell's
+        settings become its processes' (the primary's and a standby's warmed-up API)."""
+        return ServingSpec(epoch=epoch, admin_token=admin_token,
+                           worker_processes=workers.processes, slots_per_worker=workers.slots,
+                           priority_floors=workers.floors,
+                           allow_private_targets=self.allow_private_targets)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> CellSettings:
         spec = v1alpha1.CellSpec.model_validate(body["spec"])
+        driver = spec.driver
+        workers = driver.worker_replicas if driver.name == "kubernetes" \
+            else driver.worker_processes
         return cls(
             name=body["metadata"]["name"], region=spec.region, tier=Tier(_text(spec.tier)),
             tenant_capacity=spec.capacity.tenants, worker_slots=spec.capacity.worker_slots,
@@ -67,7 +114,9 @@ class CellSettings:
             lease=LeaseSettings(duration_seconds=float(spec.lease.duration_seconds),
                                 renew_interval_seconds=float(spec.lease.renew_interval_seconds),
                                 margin_seconds=float(spec.lease.margin_seconds)).validated(),
-            worker_processes=spec.driver.worker_processes,
+            worker_processes=driver.worker_processes, workers_sharing_slots=workers,
+            priority_floors=_floors(spec, _slots_per_worker(spec.capacity.worker_slots,
+                                                            workers)),
             allow_private_targets=spec.driver.allow_private_targets,
             draining=spec.draining)
 

@@ -28,7 +28,7 @@ from cellplane_operator.errors import CellplaneError
 from cellplane_operator.metrics import standby_observed
 from cellplane_operator.runtime.context import RegionContext
 from cellplane_operator.runtime.specs import CellSettings
-from cellplane_operator.sites.base import ServingSpec, SiteKey
+from cellplane_operator.sites.base import SiteKey
 from cellplane_operator.sites.reports import SiteReport
 
 __all__ = ["StandbySite"]
@@ -123,11 +123,8 @@ class StandbySite:
         if self._warm_epoch == epoch:
             return
         try:
-            spec = ServingSpec(epoch=epoch,
-                               admin_token=await self._ctx.cell_admin_token(cell.name),
-                               worker_processes=cell.worker_processes,
-                               slots_per_worker=cell.slots_per_worker,
-                               allow_private_targets=cell.allow_private_targets)
+            spec = cell.serving_spec(epoch, await self._ctx.cell_admin_token(cell.name),
+                                     cell.workers(cell.worker_processes))
             await self._ctx.driver.warm_up(self._site, spec)
             self._warm_epoch = epoch
         except CellplaneError as error:

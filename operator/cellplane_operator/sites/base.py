@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from cellplane_cells.domain.priorities import Floors
+
 __all__ = ["SiteKey", "ServingSpec", "DatabaseEndpoint", "SiteEndpoints", "SiteHealth",
            "SiteDriver", "CellDatabases"]
 
@@ -37,6 +39,9 @@ class ServingSpec:
     """Bearer token of the cell's admin API."""
     worker_processes: int = 1
     slots_per_worker: int = 10
+    priority_floors: Floors | None = None
+    """Each worker's slots reserved per priority class (``--priority-floors``); None leaves
+    the worker's default shares."""
     allow_private_targets: bool = False
     """Development mode of the cell: loopback targets and webhooks allowed."""
 

@@ -288,6 +288,8 @@ class KubernetesSiteDriver:
             api_replicas=int(driver.get("apiReplicas") or 1),
             worker_replicas=int(driver.get("workerReplicas") or 1),
             slots_per_worker=spec.slots_per_worker if spec is not None else 10,
+            priority_floors=(spec.priority_floors.as_text()
+                             if spec is not None and spec.priority_floors is not None else None),
             allow_private_targets=bool(spec.allow_private_targets if spec is not None
                                        else driver.get("allowPrivateTargets")),
             delete_claims=driver.get("claimPolicy") == "Delete",

@@ -414,8 +414,9 @@ class LocalSiteDriver:
             raise SiteError(f"the admin token of {site.name} needs {MIN_TOKEN_LENGTH}+ characters")
         token_changed = layout.read_token() not in (None, spec.admin_token)
         layout.write_token(spec.admin_token)
+        floors = None if spec.priority_floors is None else spec.priority_floors.as_text()
         state.serving = ServingIntent(spec.epoch, spec.worker_processes, spec.slots_per_worker,
-                                      spec.allow_private_targets)
+                                      spec.allow_private_targets, floors)
         state.save(layout)
         return self._converge(site, state, layout, db, restart_api=token_changed)
 
@@ -447,13 +448,17 @@ class LocalSiteDriver:
         worker_env = {**env, "CELLPLANE_CELL_DATABASE": db.role_conninfo(WORKER_ROLE),
                       "CELLPLANE_CELL_RELAY_DATABASE": db.role_conninfo(RELAY_ROLE)}
         command = [self._python, "-m", "cellplane_operator", "cell"]
+        # Only when the Cell sets them: a cell without them keeps the command line (and so
+        # the processes) it had before floors were configurable.
+        floors = [] if intent.priority_floors is None \
+            else ["--priority-floors", intent.priority_floors]
         wanted = {API: _Wanted(
             API, [*command, "serve", "--host", self._host, "--port", str(state.ports["api"]),
                   "--admin-port", str(state.ports["admin"])], api_env, intent.epoch)}
         for i in range(intent.worker_processes):
             role = f"worker-{i}"
             wanted[role] = _Wanted(
-                role, [*command, "work", "--slots", str(intent.slots_per_worker),
+                role, [*command, "work", "--slots", str(intent.slots_per_worker), *floors,
                        "--worker-id", f"{site.name}-w{i}-e{intent.epoch}"], worker_env,
                 intent.epoch)
         return wanted

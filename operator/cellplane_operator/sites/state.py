@@ -114,6 +114,9 @@ class ServingIntent:
     worker_processes: int
     slots_per_worker: int
     allow_private_targets: bool
+    priority_floors: str | None = None
+    """``--priority-floors`` of every worker; None: the worker's default (and a state file
+    written before floors were configurable)."""
 
 
 @dataclass
