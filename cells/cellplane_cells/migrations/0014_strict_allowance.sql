@@ -2,23 +2,22 @@
 -- strict (dispatch window 0) schedules a tenant may have, and with it who may
 -- queue CRITICAL work. spec.quotas.strictSchedules is tenants.strict_schedules.
 --
--- Existing tenants get their plan's default of today (domain/plans.py): the
--- operator sets the spec's value at its next provisioning, as for every quota.
--- The same function fills the column of a tenant row exported by a cell that
--- has not run this migration (an import, a move in from an older cell).
--- The column's default (0) is for rows written without it (tests, tools);
--- upsert_tenant always sets it.
--- A tenant that has more active strict schedules than the allowance keeps
--- them: the API refuses only a write that would add one.
+-- NULL is a row written before this migration (or by a tool that does not
+-- know the column, or exported by a cell that has not run it): the tenant has
+-- its plan's default, read through cellplane_strict_schedules_default. A
+-- migration has no placement-group epoch, so it cannot backfill the guarded
+-- tenants table; the operator's next provisioning writes the spec's value, as
+-- for every quota. A tenant that has more active strict schedules than its
+-- allowance keeps them: the API refuses only a write that would add one.
 
+ALTER TABLE tenants ADD COLUMN strict_schedules integer CHECK (strict_schedules >= 0);
+
+-- The plan defaults of domain/plans.py. A change there needs a migration that
+-- replaces this function (test_admin.py compares the two).
 CREATE FUNCTION cellplane_strict_schedules_default(plan text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE plan WHEN 'enterprise' THEN 20 WHEN 'pro' THEN 5 ELSE 0 END
 $$;
-
-ALTER TABLE tenants ADD COLUMN strict_schedules integer NOT NULL DEFAULT 0
-    CHECK (strict_schedules >= 0);
-UPDATE tenants SET strict_schedules = cellplane_strict_schedules_default(plan);
 
 -- The count the API makes under the tenant's strict lock (schedules.sql,
 -- strict_in_use): the active strict schedules of one tenant, few.

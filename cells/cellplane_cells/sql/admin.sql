@@ -58,7 +58,9 @@ RETURNING tenant_id;
 
 -- name: tenant_summary
 SELECT t.tenant_id, t.plan, t.state, t.epoch, t.max_running_jobs, t.running, t.jobs_per_second,
-       t.burst, t.daily_spend_limit, t.strict_schedules, w.available, w.reserved,
+       t.burst, t.daily_spend_limit,
+       coalesce(t.strict_schedules, cellplane_strict_schedules_default(t.plan)) AS strict_schedules,
+       w.available, w.reserved,
        (SELECT count(*) FROM jobs j WHERE j.tenant_id = t.tenant_id AND j.status = 'queued') AS queued
   FROM tenants t LEFT JOIN wallets w USING (tenant_id)
  WHERE t.tenant_id = %(tenant_id)s;

@@ -18,8 +18,9 @@ SELECT pg_advisory_xact_lock(1129337665, cellplane_tenant_lock_key(%(tenant_id)s
 
 -- name: strict_in_use
 -- The tenant's allowance and its active strict schedules but the one being
--- written (NULL: a create). Read after lock_strict_allowance.
-SELECT t.strict_schedules AS allowance,
+-- written (NULL: a create). Read after lock_strict_allowance. A tenant row
+-- from before 0014 has its plan's default.
+SELECT coalesce(t.strict_schedules, cellplane_strict_schedules_default(t.plan)) AS allowance,
        (SELECT count(*) FROM schedules s
          WHERE s.tenant_id = t.tenant_id AND s.state = 'active' AND s.dispatch_window_seconds = 0
            AND s.schedule_id IS DISTINCT FROM %(schedule_id)s::uuid) AS in_use
