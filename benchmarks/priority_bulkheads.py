@@ -153,7 +153,9 @@ def build_template(pg: PostgresInstance, config: BenchConfig) -> None:
         conn.execute("SELECT set_config('cellplane.epoch', %s, false)", (str(EPOCH),))
         conn.commit()
         for i in range(config.tenants):
-            upsert_tenant(conn, TenantSpec(f"tenant-{i:03d}", Plan.ENTERPRISE, max_running_jobs=20))
+            # The probes are CRITICAL: only tenants with a strict allowance may queue such work.
+            upsert_tenant(conn, TenantSpec(f"tenant-{i:03d}", Plan.ENTERPRISE, max_running_jobs=20,
+                                           strict_schedules=1))
         with conn.transaction():
             conn.execute(BULK_LOAD, {"jobs": config.low_jobs, "priority": "LOW"})
     with psycopg.connect(conninfo, autocommit=True) as conn:

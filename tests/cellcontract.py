@@ -66,6 +66,10 @@ async def quotas_above_the_plan_are_refused(harness: Harness, prefix: str) -> No
     with pytest.raises(CellApiError) as refused:
         await put(harness, f"{prefix}t", max_running_jobs=10_000)
     assert (refused.value.status, refused.value.code) == (422, "quota_out_of_range")
+    await put(harness, f"{prefix}t", strict_schedules=50)  # pro's ceiling
+    with pytest.raises(CellApiError) as strict:
+        await put(harness, f"{prefix}t", strict_schedules=51)
+    assert (strict.value.status, strict.value.code) == (422, "quota_out_of_range")
 
 
 @check

@@ -7,6 +7,9 @@ same way, so no path answers a client with a bare 500.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 __all__ = [
     "CellError",
     "NotWritableError",
@@ -16,6 +19,7 @@ __all__ = [
     "UnauthenticatedError",
     "NotFoundError",
     "ConflictError",
+    "StrictAllowanceExceededError",
     "RetryLaterError",
     "RateLimitedError",
     "UnavailableError",
@@ -36,6 +40,11 @@ class CellError(Exception):
         self.message = message
         if code is not None:
             self.code = code
+
+    @property
+    def details(self) -> Mapping[str, Any]:
+        """Fields the error body carries beside ``code`` and ``message``."""
+        return {}
 
 
 class NotWritableError(CellError):
@@ -73,6 +82,22 @@ class NotFoundError(CellError):
 class ConflictError(CellError):
     code = "conflict"
     http_status = 409
+
+
+class StrictAllowanceExceededError(ConflictError):
+    """The tenant would have more active strict schedules than its allowance, or asked
+    for CRITICAL work without one (domain/strict_allowance.py)."""
+
+    code = "strict_allowance_exceeded"
+
+    def __init__(self, message: str, *, allowance: int, in_use: int) -> None:
+        super().__init__(message)
+        self.allowance = allowance
+        self.in_use = in_use
+
+    @property
+    def details(self) -> Mapping[str, Any]:
+        return {"allowance": self.allowance, "in_use": self.in_use}
 
 
 class RetryLaterError(CellError):

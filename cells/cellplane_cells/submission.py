@@ -6,6 +6,8 @@ a conflict. A new submission takes a token (429 when the bucket is empty) and
 reserves the estimate (402 when it does not fit) in the same transaction that
 inserts the job, its steps, its outbox event and the key, so a refused
 submission leaves nothing behind and an accepted one leaves everything.
+A CRITICAL job is refused (409) before any of that when the tenant has no
+strict allowance (domain/strict_allowance.py).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from psycopg.types.json import Jsonb
 
 from cellplane_cells.db import translate_errors
 from cellplane_cells.domain.priorities import Priority
+from cellplane_cells.domain.strict_allowance import job_admission
 from cellplane_cells.errors import (
     ConflictError,
     InsufficientFundsError,
     RateLimitedError,
+    StrictAllowanceExceededError,
     TargetRefusedError,
 )
 from cellplane_cells.metrics import refuse_submission
@@ -73,6 +77,20 @@ def _replay(cursor: psycopg.Cursor[dict[str, Any]], tenant_id: str, key: str,
     return StoredResponse(int(stored["status_code"]), dict(stored["response"]), replayed=True)
 
 
+def _admit_critical(cursor: psycopg.Cursor[dict[str, Any]], tenant_id: str) -> None:
+    """Before the token is taken: a refused CRITICAL job spends none. No lock: a job
+    takes no slot of the allowance, it only needs one to exist."""
+    counted = cursor.execute(query("strict_in_use"), {"tenant_id": tenant_id,
+                                                      "schedule_id": None}).fetchone()
+    assert counted is not None  # the caller's key named the tenant
+    refused = job_admission(priority=Priority.CRITICAL, allowance=counted["allowance"],
+                            in_use=counted["in_use"])
+    if refused is not None:
+        refuse_submission("strict_allowance_exceeded", tenant_id)
+        raise StrictAllowanceExceededError(refused.message, allowance=refused.allowance,
+                                           in_use=refused.in_use)
+
+
 def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
            request: JobRequest) -> StoredResponse:
     digest = request_hash(request)
@@ -85,6 +103,8 @@ def submit(conn: psycopg.Connection[Any], *, tenant_id: str, key: str,
             refuse_submission("target_unknown", tenant_id)
             raise TargetRefusedError(f"target {request.target!r} is not registered for this tenant",
                                      code="target_not_registered")
+        if request.priority is Priority.CRITICAL:
+            _admit_critical(cursor, tenant_id)
         # The token is taken in a statement of its own, before the transaction:
         # the bucket's row lock is then held for one statement, not for the
         # whole submission, so one hot tenant's requests do not queue on it

@@ -51,6 +51,7 @@ class TenantSpec:
     jobs_per_second: float | None = None
     burst: int | None = None
     daily_spend_limit: int | None = None
+    strict_schedules: int | None = None
 
 
 def upsert_tenant(conn: psycopg.Connection[Any], spec: TenantSpec, *,
@@ -59,7 +60,8 @@ def upsert_tenant(conn: psycopg.Connection[Any], spec: TenantSpec, *,
     try:
         quotas = quotas_for(spec.plan, max_running_jobs=spec.max_running_jobs,
                             jobs_per_second=spec.jobs_per_second, burst=spec.burst,
-                            daily_spend_limit=spec.daily_spend_limit)
+                            daily_spend_limit=spec.daily_spend_limit,
+                            strict_schedules=spec.strict_schedules)
     except ValueError as error:
         raise InvalidRequestError(str(error), code="quota_out_of_range") from None
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
@@ -70,6 +72,7 @@ def upsert_tenant(conn: psycopg.Connection[Any], spec: TenantSpec, *,
             "tenant_id": spec.tenant_id, "plan": spec.plan.value,
             "max_running_jobs": quotas.max_running_jobs, "jobs_per_second": quotas.jobs_per_second,
             "burst": quotas.burst, "daily_spend_limit": quotas.daily_spend_limit,
+            "strict_schedules": quotas.strict_schedules,
             "signing_secret": secrets.token_hex(32),
             "api_key_hash": hash_api_key(issued) if issued else None,
         }).fetchone()

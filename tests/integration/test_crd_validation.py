@@ -213,6 +213,11 @@ TENANT_REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                                    ("spec.quotas.jobsPerSecond: Invalid value",
                                     "greater than or equal to 0.001")),
     "zero-burst": (tenant_spec(quotas={"burst": 0}), ("spec.quotas.burst: Invalid value: 0",)),
+    "negative-strict": (tenant_spec(quotas={"strictSchedules": -1}),
+                        ("spec.quotas.strictSchedules: Invalid value: -1",)),
+    "free-strict-above-ceiling": (tenant_spec(plan="free", quotas={"strictSchedules": 1}),
+                                  ("spec.quotas.strictSchedules: Invalid value",
+                                   "quotas.strictSchedules must be at most 0 on the free plan")),
     "negative-spend": (tenant_spec(plan="enterprise", quotas={"dailySpendLimit": -1}),
                        ("spec.quotas.dailySpendLimit: Invalid value: -1",)),
     "free-running-above-ceiling": (tenant_spec(plan="free", quotas={"maxRunningJobs": 3}),
@@ -299,7 +304,8 @@ CEILINGS = [(plan.value, field, getattr(limits, attribute))
             for plan, limits in PLAN_CEILINGS.items()
             for field, attribute in (("maxRunningJobs", "max_running_jobs"),
                                      ("jobsPerSecond", "jobs_per_second"), ("burst", "burst"),
-                                     ("dailySpendLimit", "daily_spend_limit"))
+                                     ("dailySpendLimit", "daily_spend_limit"),
+                                     ("strictSchedules", "strict_schedules"))
             if getattr(limits, attribute) is not None]
 
 

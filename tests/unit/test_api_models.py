@@ -179,7 +179,8 @@ def test_every_quota_has_a_spec_field_and_a_ceiling_rule() -> None:
 def test_ceiling_rules_follow_the_table() -> None:
     raised = {plan: Quotas(max_running_jobs=limits.max_running_jobs + 1,
                            jobs_per_second=limits.jobs_per_second,
-                           burst=limits.burst, daily_spend_limit=limits.daily_spend_limit)
+                           burst=limits.burst, daily_spend_limit=limits.daily_spend_limit,
+                           strict_schedules=limits.strict_schedules)
               for plan, limits in PLAN_CEILINGS.items()}
     rules = [rule.rule for rule in quota_ceiling_rules(raised)]
     assert any(r.endswith(f"self.quotas.maxRunningJobs <= {PLAN_CEILINGS[Plan.FREE].max_running_jobs + 1}")
@@ -187,6 +188,7 @@ def test_ceiling_rules_follow_the_table() -> None:
     # A double quota compares with a double literal, an integer one with an integer.
     assert any(r.endswith("self.quotas.jobsPerSecond <= 1.0") for r in rules)
     assert any(r.endswith("self.quotas.dailySpendLimit <= 10000000000000") for r in rules)
+    assert any(r.endswith("self.quotas.strictSchedules <= 500") for r in rules)
 
 
 def test_quota_floors_are_the_cells_own() -> None:

@@ -27,6 +27,20 @@ def test_overrides_within_ceilings_are_taken_and_above_them_refused() -> None:
         quotas_for(Plan.PRO, daily_spend_limit=5)
 
 
+def test_the_strict_allowance_is_paid_and_within_its_ceiling() -> None:
+    # As many as the plan's running cap: all of a tenant's strict runs due in one
+    # second can start at once within its cap.
+    assert [PLAN_DEFAULTS[p].strict_schedules for p in Plan] == [0, 5, 20]
+    assert all(PLAN_DEFAULTS[p].strict_schedules == PLAN_DEFAULTS[p].max_running_jobs
+               for p in (Plan.PRO, Plan.ENTERPRISE))
+    assert quotas_for(Plan.PRO, strict_schedules=0).strict_schedules == 0
+    assert quotas_for(Plan.ENTERPRISE, strict_schedules=500).strict_schedules == 500
+    with pytest.raises(ValueError, match="free plan's ceiling of 0"):
+        quotas_for(Plan.FREE, strict_schedules=1)
+    with pytest.raises(ValueError, match="at least 0"):
+        quotas_for(Plan.PRO, strict_schedules=-1)
+
+
 @pytest.mark.parametrize(("status", "permanent"), [
     (None, False), (408, False), (429, False), (500, False), (503, False),
     (400, True), (401, True), (404, True), (422, True)])

@@ -86,12 +86,14 @@ async def test_a_quota_change_reaches_the_cell_and_the_record(plane: Plane) -> N
     await plane.create_tenant("tuned", NS)
     tenant_id = (await status_where(plane, "tuned", "Ready", ready))["tenantId"]
 
-    await plane.kube.patch(TENANTS, "tuned", {"spec": {"quotas": {"maxRunningJobs": 9,
-                                                                  "burst": 40}}}, namespace=NS)
+    await plane.kube.patch(TENANTS, "tuned", {"spec": {"quotas": {
+        "maxRunningJobs": 9, "burst": 40, "strictSchedules": 3}}}, namespace=NS)
     status = await status_where(plane, "tuned", "generation 2 applied",
                                 lambda s: s.get("observedGeneration") == 2 and ready(s))
-    assert status["quotas"]["maxRunningJobs"] == 9
-    assert cell.tenants[tenant_id].quotas == {"max_running_jobs": 9, "burst": 40}
+    assert (status["quotas"]["maxRunningJobs"], status["quotas"]["strictSchedules"]) == (9, 3)
+    # The cell's names: one name per quota from the CRD to the column.
+    assert cell.tenants[tenant_id].quotas == {"max_running_jobs": 9, "burst": 40,
+                                              "strict_schedules": 3}
     # The record counts the cell's slots: placement of the next tenant depends on it.
     assert (await plane.records())[TenantKey(NS, "tuned")].max_running_jobs == 9
 

@@ -49,7 +49,7 @@ def test_ready_tenant_reports_endpoint_secret_and_effective_quotas() -> None:
     assert by_type(status)["Ready"]["status"] == "True"
     assert status["apiKeySecret"] == "acme-api-key"
     assert status["quotas"] == {"maxRunningJobs": 20, "jobsPerSecond": 1.0, "burst": 60,
-                                "dailySpendLimit": 1_000_000_000}
+                                "strictSchedules": 20, "dailySpendLimit": 1_000_000_000}
     assert by_type(status)["Moving"]["status"] == "False"
 
 

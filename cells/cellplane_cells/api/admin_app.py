@@ -53,6 +53,9 @@ class TenantUpsert(RequestBody):
     jobs_per_second: float | None = Field(default=None, gt=0)
     burst: int | None = Field(default=None, ge=1)
     daily_spend_limit: int | None = Field(default=None, ge=0)
+    strict_schedules: int | None = Field(
+        default=None, ge=0, description="Active strict (dispatch window 0) schedules the tenant "
+                                        "may have; 0: none, and no CRITICAL work.")
     api_key: str | None = Field(default=None, min_length=24, max_length=200,
                                 description="Set the tenant's key; one is made if absent.")
 
@@ -188,7 +191,8 @@ def create_admin_app(pool: ConnectionPool, *, admin_token: str,
     def put_tenant(tenant_id: TenantId, body: TenantUpsert) -> dict[str, Any]:
         spec = TenantSpec(tenant_id, body.plan, max_running_jobs=body.max_running_jobs,
                           jobs_per_second=body.jobs_per_second, burst=body.burst,
-                          daily_spend_limit=body.daily_spend_limit)
+                          daily_spend_limit=body.daily_spend_limit,
+                          strict_schedules=body.strict_schedules)
         with pool.connection() as conn:
             created, issued = upsert_tenant(conn, spec, api_key=body.api_key)
             summary = tenant_summary(conn, tenant_id)

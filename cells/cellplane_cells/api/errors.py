@@ -40,8 +40,8 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = {}
         if isinstance(error, RetryLaterError):
             headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
-        return JSONResponse(error_body(error.code, error.message), status_code=error.http_status,
-                            headers=headers)
+        return JSONResponse(error_body(error.code, error.message, **error.details),
+                            status_code=error.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:

@@ -3,7 +3,10 @@ cancel, run history).
 
 A schedule the domain refuses (an unknown zone, an impossible cron, a
 ``run_at`` with an offset) is a 422 in the same shape as a schema refusal,
-naming the field, e.g. ``body.schedule.cron``.
+naming the field, e.g. ``body.schedule.cron``; so is a CRITICAL schedule with a
+dispatch window (``body.priority``: CRITICAL must be strict). A write that
+would put the tenant over its strict allowance is a 409
+``strict_allowance_exceeded`` carrying the allowance and how many are in use.
 
 No ``from __future__ import annotations`` here: FastAPI resolves the tenant
 dependency alias handed to ``add_schedule_routes`` from the live annotations.
@@ -33,6 +36,7 @@ from cellplane_cells.domain.schedules import (
     DEFAULT_DISPATCH_WINDOW_SECONDS, DEFAULT_MAX_CATCH_UP_RUNS, MAX_CATCH_UP_RUNS,
     MAX_DISPATCH_WINDOW_SECONDS, MisfirePolicy, MisfireRule, ScheduleError, Timing, cron, once,
 )
+from cellplane_cells.domain.strict_allowance import critical_window_problem
 from cellplane_cells.errors import InvalidRequestError, NotFoundError
 from cellplane_cells.schedules import (
     CreateKey, ScheduleSpec, StateChange, change_state, create_schedule, get_schedule, list_schedules,
@@ -140,6 +144,10 @@ def _timing(body: ScheduleBody) -> Timing:
 
 
 def _spec(body: ScheduleBody) -> ScheduleSpec:
+    problem = critical_window_problem(Priority(body.priority), body.dispatch_window_seconds)
+    if problem is not None:
+        raise RequestValidationError([{"loc": ("body", "priority"), "msg": problem,
+                                       "type": "value_error"}])
     return ScheduleSpec(
         timing=_timing(body), target=body.target, payload=body.payload,
         max_attempts=body.max_attempts,
@@ -225,10 +233,12 @@ def add_schedule_routes(app: FastAPI, pool: ConnectionPool, *, tenant: Callable[
     Submitting = Annotated[str, Depends(submitting)]
 
     @app.post("/v1/schedules", status_code=201, response_model=Schedule, responses={
-        409: {"description": "the tenant is paused, or the Idempotency-Key was used with "
-                             "another request"},
+        409: {"description": "the tenant is paused, the Idempotency-Key was used with "
+                             "another request, or the schedule would put the tenant over its "
+                             "strict allowance (strict_allowance_exceeded, with `allowance` "
+                             "and `in_use`)"},
         422: {"description": "a field is invalid; `fields` names it (unknown zone, impossible "
-                             "cron, unregistered target)"}})
+                             "cron, unregistered target, CRITICAL with a dispatch window)"}})
     def create(body: ScheduleBody, tenant_id: Submitting,
                idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255,
                                                              pattern=r"^[\x20-\x7e]+$")] = None,
@@ -261,7 +271,9 @@ def add_schedule_routes(app: FastAPI, pool: ConnectionPool, *, tenant: Callable[
 
     @app.put("/v1/schedules/{schedule_id}", response_model=Schedule, responses={
         409: {"description": "the schedule's current occurrence is running "
-                             "(schedule_running), or it is cancelled or completed"}})
+                             "(schedule_running), it is cancelled or completed, or it would "
+                             "put the tenant over its strict allowance "
+                             "(strict_allowance_exceeded)"}})
     def update(schedule_id: str, body: ScheduleBody, tenant_id: Submitting) -> Schedule:
         spec = _spec(body)
         with pool.connection() as conn:
@@ -270,7 +282,8 @@ def add_schedule_routes(app: FastAPI, pool: ConnectionPool, *, tenant: Callable[
     def state_route(suffix: str, change: StateChange) -> None:
         @app.post(f"/v1/schedules/{{schedule_id}}:{suffix}", response_model=Schedule,
                   name=f"{suffix}_schedule",
-                  responses={409: {"description": "not possible from the schedule's state"}})
+                  responses={409: {"description": "not possible from the schedule's state, or a "
+                                                  "resume over the strict allowance"}})
         def changed(schedule_id: str, tenant_id: Submitting) -> Schedule:
             with pool.connection() as conn:
                 return _schedule(change_state(conn, tenant_id, _schedule_id(schedule_id), change))

@@ -6,14 +6,15 @@
 -- tenant (removed with policy=retain) is placed here again: active, with the
 -- key it had unless a new one is given. Paused and frozen stay as they are.
 INSERT INTO tenants (tenant_id, plan, max_running_jobs, jobs_per_second, burst, daily_spend_limit,
-                     signing_secret, api_key_hash)
+                     strict_schedules, signing_secret, api_key_hash)
 VALUES (%(tenant_id)s, %(plan)s, %(max_running_jobs)s, %(jobs_per_second)s, %(burst)s,
-        %(daily_spend_limit)s, %(signing_secret)s, %(api_key_hash)s)
+        %(daily_spend_limit)s, %(strict_schedules)s, %(signing_secret)s, %(api_key_hash)s)
 ON CONFLICT (tenant_id) DO UPDATE
    SET state = CASE WHEN tenants.state = 'retired' THEN 'active' ELSE tenants.state END,
        plan = EXCLUDED.plan, max_running_jobs = EXCLUDED.max_running_jobs,
        jobs_per_second = EXCLUDED.jobs_per_second, burst = EXCLUDED.burst,
        daily_spend_limit = EXCLUDED.daily_spend_limit,
+       strict_schedules = EXCLUDED.strict_schedules,
        api_key_hash = coalesce(EXCLUDED.api_key_hash, tenants.api_key_hash),
        updated_at = now()
 RETURNING tenant_id, (xmax = 0) AS created;
@@ -57,7 +58,9 @@ RETURNING tenant_id;
 
 -- name: tenant_summary
 SELECT t.tenant_id, t.plan, t.state, t.epoch, t.max_running_jobs, t.running, t.jobs_per_second,
-       t.burst, t.daily_spend_limit, w.available, w.reserved,
+       t.burst, t.daily_spend_limit,
+       coalesce(t.strict_schedules, cellplane_strict_schedules_default(t.plan)) AS strict_schedules,
+       w.available, w.reserved,
        (SELECT count(*) FROM jobs j WHERE j.tenant_id = t.tenant_id AND j.status = 'queued') AS queued
   FROM tenants t LEFT JOIN wallets w USING (tenant_id)
  WHERE t.tenant_id = %(tenant_id)s;

@@ -298,24 +298,29 @@ SELECT tenant_id, state, move_id FROM tenants WHERE tenant_id = %(tenant_id)s FO
 -- name: movein_create_tenant
 -- Frozen until the move activates it: no claim, no submission. No running
 -- jobs here, first in the round-robin, under the move's epoch. A source cell
--- before migration 0012 names the running-jobs quota `max_running`.
+-- before migration 0012 names the running-jobs quota `max_running`; one
+-- before 0014 has no strict allowance (NULL: its plan's default, 0014).
 INSERT INTO tenants (tenant_id, plan, state, epoch, max_running_jobs, jobs_per_second, burst,
-                     daily_spend_limit, running, last_served_at, api_key_hash, signing_secret,
-                     move_id, created_at)
+                     daily_spend_limit, strict_schedules, running, last_served_at, api_key_hash,
+                     signing_secret, move_id, created_at)
 SELECT tenant_id, plan, 'frozen', %(epoch)s,
        coalesce(max_running_jobs, (%(row)s::json->>'max_running')::integer), jobs_per_second, burst,
-       daily_spend_limit, 0, '-infinity', api_key_hash, signing_secret, %(move_id)s, created_at
+       daily_spend_limit, strict_schedules, 0, '-infinity', api_key_hash, signing_secret,
+       %(move_id)s, created_at
   FROM json_populate_record(null::tenants, %(row)s::json)
  WHERE tenant_id = %(tenant_id)s;
 
 -- name: movein_update_tenant
 -- Plan, quotas, key and signing secret follow the source; state, epoch and
--- the counters are this cell's own. `max_running`: as in movein_create_tenant.
+-- the counters are this cell's own. `max_running` and a missing
+-- `strict_schedules`: as in movein_create_tenant.
 UPDATE tenants t
    SET plan = r.plan,
        max_running_jobs = coalesce(r.max_running_jobs, (%(row)s::json->>'max_running')::integer),
        jobs_per_second = r.jobs_per_second,
-       burst = r.burst, daily_spend_limit = r.daily_spend_limit, api_key_hash = r.api_key_hash,
+       burst = r.burst, daily_spend_limit = r.daily_spend_limit,
+       strict_schedules = r.strict_schedules,
+       api_key_hash = r.api_key_hash,
        signing_secret = r.signing_secret, updated_at = now()
   FROM json_populate_record(null::tenants, %(row)s::json) r
  WHERE t.tenant_id = %(tenant_id)s AND r.tenant_id = t.tenant_id;

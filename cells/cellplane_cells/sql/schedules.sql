@@ -4,6 +4,29 @@
 -- The cell's one clock: a new schedule's first occurrence is the first after it.
 SELECT now() AS now;
 
+-- name: lock_strict_allowance
+-- Serialises the writes that may add an active strict schedule to a tenant
+-- (create, update, resume; domain/strict_allowance.py), held to the end of the
+-- transaction: the next one's count (strict_in_use, a new snapshot under READ
+-- COMMITTED) sees this one's schedule. An advisory lock rather than the
+-- tenant row: every claim and every finished job updates that row (the
+-- running counter), and they should not wait for a tenant's API call. Its
+-- own class ('CPSA'), apart from the move fence's (0006): a strict write
+-- takes this one, then the fence's shared one in its insert's trigger, and
+-- the freeze never waits for this one, so the two cannot deadlock.
+SELECT pg_advisory_xact_lock(1129337665, cellplane_tenant_lock_key(%(tenant_id)s));
+
+-- name: strict_in_use
+-- The tenant's allowance and its active strict schedules but the one being
+-- written (NULL: a create). Read after lock_strict_allowance. A tenant row
+-- from before 0014 has its plan's default.
+SELECT coalesce(t.strict_schedules, cellplane_strict_schedules_default(t.plan)) AS allowance,
+       (SELECT count(*) FROM schedules s
+         WHERE s.tenant_id = t.tenant_id AND s.state = 'active' AND s.dispatch_window_seconds = 0
+           AND s.schedule_id IS DISTINCT FROM %(schedule_id)s::uuid) AS in_use
+  FROM tenants t
+ WHERE t.tenant_id = %(tenant_id)s;
+
 -- name: insert_schedule
 -- ON CONFLICT: a create with the same Idempotency-Key made its schedule
 -- already (or is making it: the insert waits for that one to commit).

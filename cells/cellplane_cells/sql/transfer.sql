@@ -29,12 +29,14 @@ SELECT json_build_object(
 -- name: import_tenant_row
 -- The tenant arrives with no running jobs in this cell and first in the
 -- round-robin; its epoch is whatever the move decided. A row exported before
--- migration 0012 names its running-jobs quota `max_running`.
+-- migration 0012 names its running-jobs quota `max_running`; one exported
+-- before 0014 has no strict allowance (NULL: its plan's default, 0014).
 INSERT INTO tenants (tenant_id, plan, state, epoch, max_running_jobs, jobs_per_second, burst,
-                     daily_spend_limit, running, last_served_at, api_key_hash, signing_secret)
+                     daily_spend_limit, strict_schedules, running, last_served_at, api_key_hash,
+                     signing_secret)
 SELECT tenant_id, plan, state, %(epoch)s,
        coalesce(max_running_jobs, (%(row)s::json->>'max_running')::integer), jobs_per_second, burst,
-       daily_spend_limit, 0, '-infinity', api_key_hash, signing_secret
+       daily_spend_limit, strict_schedules, 0, '-infinity', api_key_hash, signing_secret
   FROM json_populate_record(null::tenants, %(row)s::json)
 ON CONFLICT (tenant_id) DO NOTHING
 RETURNING tenant_id;

@@ -23,6 +23,7 @@ QUOTA_FIELDS: dict[str, str] = {
     "jobsPerSecond": "jobs_per_second",
     "burst": "burst",
     "dailySpendLimit": "daily_spend_limit",
+    "strictSchedules": "strict_schedules",
 }
 """spec.quotas field -> the ``Quotas`` attribute that holds its ceiling."""
 

@@ -473,6 +473,9 @@ class TenantQuotas(ApiModel):
     """Submissions allowed at once after a quiet spell (the bucket's size)."""
     daily_spend_limit: Integer | None = Field(default=None, ge=QUOTA_FLOORS.daily_spend_limit)
     """Micro-credits an enterprise tenant may reserve per day."""
+    strict_schedules: Integer | None = Field(default=None, ge=QUOTA_FLOORS.strict_schedules)
+    """Active strict schedules (dispatch window 0) the tenant may have; CRITICAL work needs at
+    least one."""
 
 
 class TenantTarget(ApiModel):

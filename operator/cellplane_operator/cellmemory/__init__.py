@@ -51,7 +51,8 @@ __all__ = ["InMemoryCells", "FakeCell", "FakeTenant", "public_resolver"]
 
 _TENANT_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TARGET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUOTA_KEYS = ("max_running_jobs", "jobs_per_second", "burst", "daily_spend_limit")
+_QUOTA_KEYS = ("max_running_jobs", "jobs_per_second", "burst", "daily_spend_limit",
+               "strict_schedules")
 _FORMER_QUOTA_KEYS = {"max_running": "max_running_jobs"}
 """Names a cell's admin API still accepts for a quota (deprecated), as before issue #23."""
 

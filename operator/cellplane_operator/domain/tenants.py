@@ -101,6 +101,7 @@ def plan_tenant_status(progress: TenantProgress, *, generation: int,
         quotas = progress.quotas
         status["quotas"] = {"maxRunningJobs": quotas.max_running_jobs,
                             "jobsPerSecond": quotas.jobs_per_second, "burst": quotas.burst,
+                            "strictSchedules": quotas.strict_schedules,
                             **({"dailySpendLimit": quotas.daily_spend_limit}
                                if quotas.daily_spend_limit is not None else {})}
     return status

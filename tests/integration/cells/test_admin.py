@@ -10,6 +10,7 @@ import pytest
 from cellfixtures import create_cell_database, fetch, write
 from cellplane_cells import jobqueue
 from cellplane_cells.dispatch import dispatch_due
+from cellplane_cells.domain.plans import PLAN_DEFAULTS, Plan
 
 from cellapi import Cell
 
@@ -200,3 +201,45 @@ def test_export_then_import_carries_schedules_as_they_are_and_their_runs(cell: C
             assert dispatch_due(conn, batch=10).jobs == 0
     finally:
         target.close()
+
+
+def test_the_strict_allowance_is_a_quota_with_the_plans_default_and_ceiling(cell: Cell) -> None:
+    default = cell.admin.put("/admin/v1/tenants/acme", json={"plan": "pro"})
+    assert default.json()["tenant"]["strict_schedules"] == 5
+    given = cell.admin.put("/admin/v1/tenants/acme", json={"plan": "pro", "strict_schedules": 9})
+    assert given.status_code == 200, given.text
+    assert fetch(cell.conninfo, "SELECT strict_schedules FROM tenants") == [(9,)]
+    # Strict dispatch is not on the free plan: its ceiling is 0.
+    free = cell.admin.put("/admin/v1/tenants/acme", json={"plan": "free", "strict_schedules": 1})
+    assert free.status_code == 422 and free.json()["error"]["code"] == "quota_out_of_range"
+    assert cell.admin.put("/admin/v1/tenants/acme",
+                          json={"plan": "pro", "strict_schedules": -1}).status_code == 422
+    assert fetch(cell.conninfo, "SELECT strict_schedules FROM tenants") == [(9,)]
+
+
+def test_a_bundle_from_a_cell_without_the_strict_allowance_gets_its_plans_default(  # type: ignore[no-untyped-def]
+        cell: Cell, cell_postgres) -> None:
+    cell.tenant("acme", strict_schedules=1)
+    bundle = cell.admin.get("/admin/v1/tenants/acme/export").json()
+    # A cell before migration 0014 has no such column.
+    del bundle["tenant"]["strict_schedules"]
+
+    target_db = create_cell_database(cell_postgres.postgres["cell"], f"target_{uuid.uuid4().hex[:8]}")
+    target = Cell(target_db)
+    try:
+        answer = target.admin.post("/admin/v1/tenants/acme/import", json={"epoch": 2, "bundle": bundle})
+        assert answer.status_code == 200, answer.text
+        # Unknown (NULL): the plan's default, which the API counts against (pro: 5).
+        assert fetch(target_db, "SELECT strict_schedules FROM tenants") == [(None,)]
+        summary = target.admin.get("/admin/v1/tenants/acme").json()
+        assert summary["strict_schedules"] == PLAN_DEFAULTS[Plan.PRO].strict_schedules == 5
+    finally:
+        target.close()
+
+
+def test_the_migrations_default_is_the_plan_tables(cell: Cell) -> None:
+    """Migration 0014 fills the allowance of existing tenants and of old bundles with the
+    plan defaults; a change of the defaults needs a migration that replaces the function."""
+    for plan in Plan:
+        assert fetch(cell.conninfo, "SELECT cellplane_strict_schedules_default(%s)",
+                     plan.value) == [(PLAN_DEFAULTS[plan].strict_schedules,)]

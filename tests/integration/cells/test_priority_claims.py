@@ -38,7 +38,9 @@ def conn(cell_db: str) -> Iterator[psycopg.Connection[object]]:
 
 def tenants(conn: psycopg.Connection[object], *names: str, cap: int = 50) -> None:
     for name in names:
-        upsert_tenant(conn, TenantSpec(name, Plan.ENTERPRISE, max_running_jobs=cap))
+        # A strict allowance: only tenants with one may queue CRITICAL work.
+        upsert_tenant(conn, TenantSpec(name, Plan.ENTERPRISE, max_running_jobs=cap,
+                                       strict_schedules=1))
     conn.commit()
 
 
@@ -117,7 +119,7 @@ def cell(cell_db: str) -> Iterator[Cell]:
 
 def test_a_job_carries_its_class_and_an_unknown_one_is_refused_naming_the_field(
         cell: Cell) -> None:
-    auth = cell.tenant("acme")
+    auth = cell.tenant("acme", strict_schedules=1)  # CRITICAL needs a strict allowance
     plain = cell.submit(auth, "k1")
     urgent = cell.submit(auth, "k2", priority="CRITICAL")
     assert plain.status_code == urgent.status_code == 202
@@ -133,7 +135,7 @@ def test_a_job_carries_its_class_and_an_unknown_one_is_refused_naming_the_field(
 
 
 def test_a_schedule_queues_its_runs_in_its_class(cell: Cell) -> None:
-    auth = cell.tenant("acme")
+    auth = cell.tenant("acme", strict_schedules=1)  # one strict schedule, CRITICAL later
     body = {"schedule": {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
             "target": "default", "payload": {}, "dispatch_window_seconds": 0}
     created = cell.api.post("/v1/schedules", headers=auth, json={**body, "priority": "HIGH"})

@@ -6,13 +6,17 @@ import datetime
 import threading
 import uuid
 import zoneinfo
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from cellapi import Cell
 from cellfixtures import enqueue, fetch, write
-from cellplane_cells.domain.schedules import ScheduleId, cron, dispatch_offset, first_after
+from cellplane_cells.domain.schedules import (
+    MisfireRule, ScheduleId, cron, dispatch_offset, first_after,
+)
+from cellplane_cells.errors import StrictAllowanceExceededError
+from cellplane_cells.schedules import ScheduleSpec, create_schedule
 
 import psycopg
 
@@ -264,4 +268,206 @@ def test_concurrent_creates_with_one_key_make_one_schedule(cell: Cell) -> None:
         thread.join()
     assert {a.status_code for a in answers} == {201}
     assert len({a.json()["schedule_id"] for a in answers}) == 1
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(1,)]
+
+
+# -- the strict allowance (domain/strict_allowance.py) ------------------------------------
+
+STRICT = {"dispatch_window_seconds": 0}
+
+
+def refused_over_allowance(answer: Any, *, allowance: int, in_use: int) -> None:
+    assert answer.status_code == 409, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["allowance"], error["in_use"]) == (
+        "strict_allowance_exceeded", allowance, in_use)
+
+
+def test_strict_schedules_are_refused_over_the_allowance_and_cancelling_frees_a_slot(
+        cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=2)
+    first, second = (create(cell, auth, **STRICT) for _ in range(2))
+    assert first.status_code == second.status_code == 201
+    refused_over_allowance(create(cell, auth, **STRICT), allowance=2, in_use=2)
+    # A windowed schedule holds no slot; another tenant's strict ones are its own.
+    assert create(cell, auth, dispatch_window_seconds=60).status_code == 201
+    assert create(cell, cell.tenant("other", strict_schedules=1), **STRICT).status_code == 201
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules WHERE tenant_id = 'acme'"
+                                " AND dispatch_window_seconds = 0") == [(2,)]
+    cancelled = cell.api.post(f"/v1/schedules/{first.json()['schedule_id']}:cancel", headers=auth)
+    assert cancelled.status_code == 200
+    assert create(cell, auth, **STRICT).status_code == 201
+    refused_over_allowance(create(cell, auth, **STRICT), allowance=2, in_use=2)
+
+
+def test_a_paused_strict_schedule_frees_its_slot_until_it_is_resumed(cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=1)
+    paused = create(cell, auth, **STRICT).json()["schedule_id"]
+    assert cell.api.post(f"/v1/schedules/{paused}:pause", headers=auth).status_code == 200
+    taken = create(cell, auth, **STRICT)
+    assert taken.status_code == 201
+    refused_over_allowance(cell.api.post(f"/v1/schedules/{paused}:resume", headers=auth),
+                           allowance=1, in_use=1)
+    assert fetch(cell.conninfo, "SELECT state FROM schedules WHERE schedule_id = %s",
+                 uuid.UUID(paused)) == [("paused",)]
+    # Resuming an active one answers it unchanged, even at the allowance.
+    resumed = cell.api.post(f"/v1/schedules/{taken.json()['schedule_id']}:resume", headers=auth)
+    assert resumed.status_code == 200
+    assert cell.api.post(f"/v1/schedules/{taken.json()['schedule_id']}:cancel",
+                         headers=auth).status_code == 200
+    assert cell.api.post(f"/v1/schedules/{paused}:resume", headers=auth).json()["state"] == "active"
+
+
+def test_an_update_that_makes_a_schedule_strict_needs_a_free_slot(cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=1)
+    strict = create(cell, auth, **STRICT).json()["schedule_id"]
+    windowed = create(cell, auth).json()["schedule_id"]
+    body = {"schedule": NEW_YORK, "target": "default", "payload": {"v": 2}}
+    refused_over_allowance(cell.api.put(f"/v1/schedules/{windowed}", headers=auth,
+                                        json={**body, **STRICT}), allowance=1, in_use=1)
+    assert fetch(cell.conninfo, "SELECT dispatch_window_seconds FROM schedules"
+                                " WHERE schedule_id = %s", uuid.UUID(windowed)) == [(300,)]
+    # The strict one stays strict through an edit: it adds no slot.
+    kept = cell.api.put(f"/v1/schedules/{strict}", headers=auth, json={**body, **STRICT})
+    assert kept.status_code == 200, kept.text
+    # A paused schedule may become strict; it is counted when resumed.
+    assert cell.api.post(f"/v1/schedules/{windowed}:pause", headers=auth).status_code == 200
+    assert cell.api.put(f"/v1/schedules/{windowed}", headers=auth,
+                        json={**body, **STRICT}).status_code == 200
+    refused_over_allowance(cell.api.post(f"/v1/schedules/{windowed}:resume", headers=auth),
+                           allowance=1, in_use=1)
+
+
+def test_a_lowered_allowance_keeps_the_schedules_the_tenant_has(cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=3)
+    made = [create(cell, auth, **STRICT).json()["schedule_id"] for _ in range(3)]
+    cell.tenant("acme", credit=0, strict_schedules=1)
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules WHERE state = 'active'") == [(3,)]
+    edited = cell.api.put(f"/v1/schedules/{made[0]}", headers=auth,
+                          json={"schedule": NEW_YORK, "target": "default", "payload": {}, **STRICT})
+    assert edited.status_code == 200, edited.text
+    refused_over_allowance(create(cell, auth, **STRICT), allowance=1, in_use=3)
+
+
+def test_critical_must_be_strict_a_422_naming_the_priority(cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=2)
+    for window in ({}, {"dispatch_window_seconds": 1}):
+        refused = create(cell, auth, priority="CRITICAL", **window)
+        assert refused.status_code == 422, refused.text
+        [field] = refused.json()["error"]["fields"]
+        assert field["field"] == "body.priority"
+        assert "CRITICAL must be strict" in field["problem"]
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(0,)]
+    strict = create(cell, auth, priority="CRITICAL", **STRICT)
+    assert strict.status_code == 201, strict.text
+    refused = cell.api.put(f"/v1/schedules/{strict.json()['schedule_id']}", headers=auth,
+                           json={"schedule": NEW_YORK, "target": "default", "payload": {},
+                                 "priority": "CRITICAL", "dispatch_window_seconds": 300})
+    assert refused.status_code == 422
+    assert [f["field"] for f in refused.json()["error"]["fields"]] == ["body.priority"]
+
+
+def test_without_an_allowance_there_is_no_strict_and_no_critical_work(cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=0)
+    refused_over_allowance(create(cell, auth, **STRICT), allowance=0, in_use=0)
+    critical = create(cell, auth, priority="CRITICAL", **STRICT)
+    refused_over_allowance(critical, allowance=0, in_use=0)
+    assert "CRITICAL" in critical.json()["error"]["message"]
+    refused_over_allowance(cell.submit(auth, "urgent", priority="CRITICAL"), allowance=0, in_use=0)
+    assert cell.submit(auth, "high", priority="HIGH").status_code == 202
+    assert create(cell, auth, priority="HIGH").status_code == 201  # windowed: no slot needed
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(1,)]
+    assert fetch(cell.conninfo, "SELECT priority FROM jobs") == [("HIGH",)]
+    # With an allowance the same job is taken (it holds no slot of it).
+    allowed = cell.tenant("other", strict_schedules=1)
+    assert cell.submit(allowed, "urgent", priority="CRITICAL").status_code == 202
+
+
+def test_a_retried_strict_create_answers_its_schedule_even_at_the_allowance(cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=1)
+    keyed = {**auth, "Idempotency-Key": "strict-1"}
+    first = create(cell, keyed, **STRICT)
+    again = create(cell, keyed, **STRICT)
+    assert first.status_code == again.status_code == 201
+    assert again.json()["schedule_id"] == first.json()["schedule_id"]
+    assert again.headers["idempotent-replayed"] == "true"
+    refused_over_allowance(create(cell, {**auth, "Idempotency-Key": "strict-2"}, **STRICT),
+                           allowance=1, in_use=1)
+
+
+def race(count: int, send: Callable[[int], Any]) -> list[Any]:
+    """``send(i)`` for i in range(count), all released at once; their answers."""
+    answers: list[Any] = []
+    barrier = threading.Barrier(count)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        answers.append(send(i))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
+
+
+def test_concurrent_strict_creates_never_pass_the_allowance(cell: Cell) -> None:
+    """Eight creates at once for three slots: exactly three are taken. Each counts under
+    the tenant's strict lock, so none counts before another's schedule is committed."""
+    auth = cell.tenant("acme", strict_schedules=3)
+    answers = race(8, lambda _: create(cell, auth, **STRICT))
+    assert sorted(a.status_code for a in answers) == [201] * 3 + [409] * 5
+    for answer in answers:
+        if answer.status_code == 409:
+            refused_over_allowance(answer, allowance=3, in_use=3)
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules WHERE state = 'active'") == [(3,)]
+
+
+def test_concurrent_resumes_never_pass_the_allowance(cell: Cell) -> None:
+    auth = cell.tenant("acme", strict_schedules=2)
+    paused = []
+    for _ in range(6):  # each made while the others are paused, so within the allowance
+        made = create(cell, auth, **STRICT).json()["schedule_id"]
+        assert cell.api.post(f"/v1/schedules/{made}:pause", headers=auth).status_code == 200
+        paused.append(made)
+    answers = race(6, lambda i: cell.api.post(f"/v1/schedules/{paused[i]}:resume", headers=auth))
+    assert sorted(a.status_code for a in answers) == [200] * 2 + [409] * 4
+    assert fetch(cell.conninfo, "SELECT count(*) FROM schedules WHERE state = 'active'") == [(2,)]
+
+
+def test_a_strict_create_waits_for_the_one_that_took_the_last_slot(cell: Cell) -> None:
+    """Deterministic: while one create holds the tenant's last slot uncommitted, a second
+    waits on the strict lock (seen in pg_stat_activity), and once the first commits it
+    counts that schedule and is refused. Without the lock it would count 0 and pass."""
+    cell.tenant("acme", strict_schedules=1)
+    spec = ScheduleSpec(timing=cron("0 8 * * *", "UTC"), target="default", payload={},
+                        max_attempts=1, misfire=MisfireRule(), dispatch_window_seconds=0)
+    outcome: list[BaseException | None] = []
+    with psycopg.connect(cell.conninfo) as first, psycopg.connect(cell.conninfo) as second:
+        for conn in (first, second):
+            conn.execute("SET cellplane.epoch = '1'")
+            conn.commit()
+        second_pid = second.info.backend_pid
+
+        def create_second() -> None:
+            try:
+                create_schedule(second, "acme", spec)
+                outcome.append(None)
+            except StrictAllowanceExceededError as error:
+                outcome.append(error)
+
+        with first.transaction():  # the create's own transaction nests: nothing commits yet
+            create_schedule(first, "acme", spec)
+            waiting = threading.Thread(target=create_second)
+            waiting.start()
+            deadline = datetime.datetime.now() + datetime.timedelta(seconds=10)
+            while fetch(cell.conninfo, "SELECT wait_event_type, wait_event FROM pg_stat_activity"
+                                       " WHERE pid = %s", second_pid) != [("Lock", "advisory")]:
+                assert datetime.datetime.now() < deadline, "the second create never waited"
+                assert not outcome, "the second create finished without waiting"
+        waiting.join()
+    [error] = outcome
+    assert isinstance(error, StrictAllowanceExceededError)
+    assert (error.allowance, error.in_use) == (1, 1)
     assert fetch(cell.conninfo, "SELECT count(*) FROM schedules") == [(1,)]

@@ -351,6 +351,29 @@ def test_move_in_takes_the_quota_from_a_source_before_the_quotas_rename(
     assert fetch(target.conninfo, "SELECT max_running_jobs FROM tenants") == [(4,)]
 
 
+def test_the_strict_allowance_moves_and_a_change_of_it_alone_is_captured(
+        source: Cell, target: Cell) -> None:
+    source.tenant("acme", strict_schedules=3)
+    start(source)
+    [row] = ok(source.admin.get("/admin/v1/tenants/acme/move-out/rows",
+                                params={"table": "tenant"}))["rows"]
+    ok(target.admin.post("/admin/v1/tenants/acme/move-in", json={
+        "move_id": MOVE, "epoch": 2, "rows": {"tenant": [row]}}))
+    assert fetch(target.conninfo, "SELECT strict_schedules FROM tenants") == [(3,)]
+    # Only the allowance changes at the source: the capture (0014) still sends the row.
+    ok(source.admin.put("/admin/v1/tenants/acme", json={"plan": "pro", "strict_schedules": 1}))
+    delta = ok(source.admin.get("/admin/v1/tenants/acme/move-out/changes"))
+    assert [r["strict_schedules"] for r in delta["rows"]["tenant"]] == [1]
+    ok(target.admin.post("/admin/v1/tenants/acme/move-in", json={
+        "move_id": MOVE, "epoch": 2, "rows": {"tenant": delta["rows"]["tenant"]}}))
+    assert fetch(target.conninfo, "SELECT strict_schedules FROM tenants") == [(1,)]
+    # A source before 0014 sends no allowance: unknown here, so the plan's default applies.
+    older = {k: v for k, v in row.items() if k != "strict_schedules"}
+    ok(target.admin.post("/admin/v1/tenants/acme/move-in", json={
+        "move_id": MOVE, "epoch": 2, "rows": {"tenant": [older]}}))
+    assert fetch(target.conninfo, "SELECT strict_schedules FROM tenants") == [(None,)]
+
+
 def test_aborts_remove_the_targets_copy_and_leave_the_source_untouched(source: Cell, target: Cell) -> None:
     acme = source.tenant("acme")
     for i in range(3):
