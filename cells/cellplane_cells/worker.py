@@ -235,7 +235,7 @@ class Worker:
         while not stop.is_set():
             try:
                 report = await self._db(self._reaper.run_pass)
-                if report.plan.decision is Decision.GRACE:
+                if report.graced:
                     log.warning("reaper: %d expired claims given %g s of grace instead of being "
                                 "reaped: %s", report.graced, report.plan.grace_seconds,
                                 report.plan.why)
