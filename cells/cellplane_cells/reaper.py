@@ -17,7 +17,7 @@ import psycopg
 from cellplane_cells import jobqueue
 from cellplane_cells.db import translate_errors
 from cellplane_cells.domain.reaping import (
-    LeaseCensus, ReaperHealth, ReaperPolicy, ReapPlan, plan_pass,
+    Decision, LeaseCensus, ReaperHealth, ReaperPolicy, ReapPlan, plan_pass,
 )
 
 __all__ = ["Reaper", "PassReport"]
@@ -31,6 +31,13 @@ class PassReport:
     """The claims taken back (job_id, tenant_id, status)."""
     graced: int = 0
     """Expired claims given a new lease instead."""
+
+    @property
+    def paced(self) -> int:
+        """Expired claims left for a later pass (a storm's pace)."""
+        if self.plan.decision is not Decision.PACE:
+            return 0
+        return max(self.census.expired - len(self.reaped), 0)
 
 
 class Reaper:

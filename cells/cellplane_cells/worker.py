@@ -53,7 +53,7 @@ from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_second
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
-from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, STEP_CALLS, TARGET_DEFERRALS
+from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, REAPER_CLAIMS, STEP_CALLS, TARGET_DEFERRALS
 from cellplane_cells.queries import query
 
 __all__ = ["WorkerConfig", "Worker", "claim_round", "EPOCH_HEADER", "COST_HEADER"]
@@ -235,6 +235,9 @@ class Worker:
         while not stop.is_set():
             try:
                 report = await self._db(self._reaper.run_pass)
+                REAPER_CLAIMS.labels("reaped").inc(len(report.reaped))
+                REAPER_CLAIMS.labels("graced").inc(report.graced)
+                REAPER_CLAIMS.labels("paced").inc(report.paced)
                 if report.graced:
                     log.warning("reaper: %d expired claims given %g s of grace instead of being "
                                 "reaped: %s", report.graced, report.plan.grace_seconds,
