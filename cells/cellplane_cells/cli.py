@@ -15,6 +15,7 @@ import signal
 import socket
 
 from cellplane_cells.domain.priorities import Floors, FloorsError, parse_floors
+from cellplane_cells.domain.reaping import ReaperMode
 from cellplane_cells.logs import configure_logging
 from cellplane_cells.settings import add_common_arguments, settings_from
 
@@ -42,6 +43,11 @@ def add_cell_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     work.add_argument("--lease-seconds", type=float, default=30.0)
     work.add_argument("--heartbeat-seconds", type=float, default=10.0)
     work.add_argument("--reap-seconds", type=float, default=5.0)
+    work.add_argument("--reaper-mode", choices=[m.value for m in ReaperMode],
+                      default=ReaperMode.ADAPTIVE.value,
+                      help="adaptive: expired claims get a lease of grace after the cell's own "
+                           "outage and are taken back at a bounded pace when many expire at "
+                           "once; immediate: every expired claim at once (for comparison)")
     work.add_argument("--metrics-port", type=int, default=0,
                       help="serve Prometheus metrics on this port (0: none)")
     work.add_argument("--metrics-host", default="127.0.0.1")
@@ -84,6 +90,7 @@ def _work(args: argparse.Namespace) -> int:
     config = WorkerConfig(worker_id=args.worker_id, epoch=settings.epoch, slots=args.slots,
                           lease_seconds=args.lease_seconds,
                           heartbeat_seconds=args.heartbeat_seconds, reap_seconds=args.reap_seconds,
+                          reaper_mode=ReaperMode(args.reaper_mode),
                           floors=_floors(args))
 
     async def main() -> None:

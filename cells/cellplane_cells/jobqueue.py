@@ -20,11 +20,13 @@ from psycopg.types.json import Jsonb
 
 from cellplane_cells.db import translate_errors
 from cellplane_cells.domain.priorities import Priority
+from cellplane_cells.domain.reaping import LeaseCensus
 from cellplane_cells.queries import query
 
 __all__ = [
     "ClaimedJob", "Step", "claimable_classes", "claim", "heartbeat", "steps_of", "save_step", "complete", "release",
-    "finish_cancelled", "refund", "reap", "expire_queued", "fix_counters",
+    "finish_cancelled", "refund", "lease_census", "grant_recovery_grace", "reap", "expire_queued",
+    "fix_counters",
 ]
 
 
@@ -133,8 +135,20 @@ def refund(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> int:
     return int(rows[0]["amount"]) if rows else 0
 
 
+def lease_census(conn: psycopg.Connection[Any]) -> LeaseCensus:
+    """The running and expired claims, and the database's clock (of the caller's transaction)."""
+    [row] = _run(conn, "lease_census", {})
+    return LeaseCensus(now=row["now"], running=int(row["running"]), expired=int(row["expired"]))
+
+
+def grant_recovery_grace(conn: psycopg.Connection[Any], *, grace_seconds: float) -> int:
+    """Gives every expired claim a lease of ``grace_seconds`` from now; returns how many."""
+    return len(_run(conn, "grant_recovery_grace", {"grace_seconds": grace_seconds}))
+
+
 def reap(conn: psycopg.Connection[Any], *, batch: int = 500) -> list[dict[str, Any]]:
-    """Returns expired claims to the queue; dead-lettered ones are refunded."""
+    """Returns up to ``batch`` expired claims to the queue, the oldest lease first;
+    dead-lettered ones are refunded."""
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
         rows = cursor.execute(query("reap_expired_claims"), {"batch": batch}).fetchall()
         for row in rows:

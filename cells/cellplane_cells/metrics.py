@@ -11,7 +11,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
     "WRITES_REJECTED", "CLAIMS", "SUBMISSIONS_REFUSED", "TENANT_REFUSALS", "STEP_CALLS",
-    "DELIVERIES", "SCHEDULE_DISPATCH_LAG", "CLAIM_LAG", "TARGET_DEFERRALS", "QueueCollector",
+    "DELIVERIES", "SCHEDULE_DISPATCH_LAG", "CLAIM_LAG", "TARGET_DEFERRALS", "REAPER_CLAIMS",
+    "QueueCollector",
     "TargetLimitCollector", "refuse_submission",
 ]
 
@@ -54,6 +55,12 @@ CLAIM_LAG = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
 )
 
+REAPER_CLAIMS = Counter(
+    "cellplane_cell_reaper_claims_total",
+    "Expired claims the reaper took back (reaped), gave a lease of grace after the cell's own "
+    "outage (graced), or left for a later pass to keep a storm's pace (paced).",
+    ["action"],
+)
 TARGET_DEFERRALS = Counter(
     "cellplane_cell_target_deferrals_total",
     "Jobs sent back to the queue without an attempt because their target could not be "

@@ -5,7 +5,11 @@ claim, so a job reclaimed after its worker died resumes at its first unfinished
 step, and every try of a step carries the same ``Idempotency-Key``. A claim is
 kept alive by heartbeats; a worker that loses its claim (reaped, or the claim
 epoch moved on) cancels its own work at once, and one that the database
-refuses as stale or past its lease stops claiming altogether. A job whose
+refuses as stale or past its lease stops claiming altogether. A heartbeat that
+cannot reach the database is tried again at the next beat and the work goes
+on: after our own outage the reaper gives expired claims a lease of grace
+(``domain/reaping.py``), and the first heartbeat that lands says whether the
+claim is still this worker's. A job whose
 tenant is frozen for a move (or moved out) is refused by the database per
 tenant: the worker drops that job as if its claim were lost and keeps running.
 The reaper's loop also purges moved-out tenants whose retention has passed.
@@ -39,15 +43,17 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cellplane_cells import jobqueue, moves, target_limits
+from cellplane_cells.reaper import Reaper
 from cellplane_cells.db import ThreadedDatabase
 from cellplane_cells.domain.aimd import AimdPolicy
 from cellplane_cells.domain.breaker import BreakerPolicy
 from cellplane_cells.domain.priorities import Floors, Priority, next_claim
+from cellplane_cells.domain.reaping import Decision, ReaperMode, ReaperPolicy
 from cellplane_cells.domain.retry import RetryPolicy, decide, retry_after_seconds
 from cellplane_cells.domain.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from cellplane_cells.egress import EgressRefused
 from cellplane_cells.errors import NotWritableError, TenantMovingError
-from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, STEP_CALLS, TARGET_DEFERRALS
+from cellplane_cells.metrics import CLAIM_LAG, CLAIMS, REAPER_CLAIMS, STEP_CALLS, TARGET_DEFERRALS
 from cellplane_cells.queries import query
 
 __all__ = ["WorkerConfig", "Worker", "claim_round", "EPOCH_HEADER", "COST_HEADER"]
@@ -79,6 +85,9 @@ class WorkerConfig:
     """Timeout of one step's HTTP call."""
     reap_seconds: float = 5.0
     """Interval of the reaper (expired claims, expired jobs)."""
+    reaper_mode: ReaperMode = ReaperMode.ADAPTIVE
+    """Adaptive: grace after our own outage and pacing in a storm (``domain/reaping.py``);
+    immediate: every expired claim at once (the old behaviour, for comparison)."""
     purge_seconds: float = 60.0
     """Interval of the sweep that purges moved-out tenants past their retention."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -95,6 +104,11 @@ class WorkerConfig:
         if self.floors is not None and self.floors.slots != self.slots:
             raise ValueError(f"the floors are for {self.floors.slots} slots, "
                              f"the worker has {self.slots}")
+
+    @property
+    def reaper_policy(self) -> ReaperPolicy:
+        return ReaperPolicy(lease_seconds=self.lease_seconds, reap_seconds=self.reap_seconds,
+                            mode=self.reaper_mode)
 
     @property
     def bulkheads(self) -> Floors:
@@ -124,6 +138,7 @@ class Worker:
         self._running: dict[Any, _Running] = {}
         self._last_claimed: list[_Running] = []
         self._db = ThreadedDatabase(pool, component=f"worker {config.worker_id}")
+        self._reaper = Reaper(config.reaper_policy)
         # Set when a job ends: the claim loop's pause ends with it, so a freed
         # slot goes to the highest class with work now, not at the next poll.
         self._slot_freed = asyncio.Event()
@@ -219,11 +234,21 @@ class Worker:
         purged_at: float | None = None
         while not stop.is_set():
             try:
-                reaped = await self._db(jobqueue.reap)
+                report = await self._db(self._reaper.run_pass)
+                REAPER_CLAIMS.labels("reaped").inc(len(report.reaped))
+                REAPER_CLAIMS.labels("graced").inc(report.graced)
+                REAPER_CLAIMS.labels("paced").inc(report.paced)
+                if report.graced:
+                    log.warning("reaper: %d expired claims given %g s of grace instead of being "
+                                "reaped: %s", report.graced, report.plan.grace_seconds,
+                                report.plan.why)
+                elif report.plan.decision is Decision.PACE:
+                    log.warning("reaper: %d expired claims returned, the rest paced: %s",
+                                len(report.reaped), report.plan.why)
                 expired = await self._db(jobqueue.expire_queued)
-                if reaped or expired:
+                if report.reaped or expired:
                     log.info("reaper: %d expired claims returned, %d jobs expired",
-                             len(reaped), expired)
+                             len(report.reaped), expired)
                 now = time.monotonic()
                 if purged_at is None or now - purged_at >= self._config.purge_seconds:
                     purged_at = now
@@ -283,6 +308,13 @@ class Worker:
                 running.claim_lost = True
                 work.cancel()
                 return
+            except psycopg.OperationalError as error:
+                # The database is out of reach (a pool timeout is one too): the work
+                # goes on and the next beat tries again. Whether the claim survived
+                # the gap is for the database to say when a beat lands.
+                log.warning("job %s: heartbeat failed, trying again: %s",
+                            running.job.job_id, error)
+                continue
             if answer is None:
                 log.warning("job %s: claim lost, abandoning it", running.job.job_id)
                 running.claim_lost = True

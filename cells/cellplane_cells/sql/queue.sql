@@ -218,9 +218,33 @@ UPDATE wallets w
  WHERE w.tenant_id = refund.tenant_id
 RETURNING refund.amount;
 
+-- name: lease_census
+-- What the reaper's pass decides on (domain/reaping.py): the running claims,
+-- how many of them have expired, and the database's clock. Run in the same
+-- transaction as the pass's writes, so they all see one now(): a pass whose
+-- transaction began before an outage acts only on what had expired by then.
+-- Frozen and moved tenants' jobs are left out, as by the reaper itself.
+SELECT now() AS now, count(*)::int AS running,
+       count(*) FILTER (WHERE lease_until < now())::int AS expired
+  FROM jobs
+ WHERE status = 'running'
+   AND tenant_id NOT IN (SELECT tenant_id FROM tenants WHERE state IN ('frozen', 'moved'));
+
+-- name: grant_recovery_grace
+-- After our own outage (the reaper could not pass, so heartbeats could not be
+-- written either): every expired claim gets a new lease instead of being
+-- reaped. The claim epoch stays, so a live worker's next heartbeat renews it
+-- and a dead worker's claim runs out again and is reaped then.
+UPDATE jobs
+   SET lease_until = now() + make_interval(secs => %(grace_seconds)s)
+ WHERE status = 'running' AND lease_until < now()
+   AND tenant_id NOT IN (SELECT tenant_id FROM tenants WHERE state IN ('frozen', 'moved'))
+RETURNING job_id;
+
 -- name: reap_expired_claims
 -- Claims whose lease ran out go back to the queue (or to dead-letter when
--- attempts are used up). The claim epoch moves on, so the worker that held the
+-- attempts are used up), the oldest heartbeat first, at most `batch` of them
+-- (the adaptive reaper's pace, domain/reaping.py). The claim epoch moves on, so the worker that held the
 -- claim, if it is only paused, has every later write refused.
 --
 -- Jobs of a tenant that is cutting over to another cell, or moved out, are
