@@ -11,7 +11,6 @@ a planned switchover loses nothing.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import json
@@ -19,26 +18,25 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
-from starlette.responses import Response
 
 from cellplane_operator.domain.reconciliation import ReconciliationReport
 from cellplane_operator.localplane import LocalControlPlane
 from cellplane_operator.localplane.process import wait_for
 from cellplane_operator.ownership import OwnershipTable
 from cellplane_operator.sites.reports import SiteReport, SiteReports
-from httpservers import Call, RecordingServer, ok
+from httpservers import RecordingServer
 from loadclient import Load
 from metricscrape import scrape, value
 from regionplane import RegionPlane, cell, cell_database, condition, db_rows, etcd, ready, \
     secret_data, tenant
+from scheduleclient import UTC, HoldingTarget, assert_one_key_per_occurrence, create_schedule, \
+    once_at, read, runs_of, schedules_api, succeeded
 
 REGIONS = ("region-a", "region-b", "region-c")
 LEASE = {"durationSeconds": 3, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5}
@@ -482,92 +480,6 @@ def test_an_operator_paused_past_its_lease_leaves_the_deadline_in_force_in_the_r
 
 # --- schedules across a takeover (issue #19, "Moves and failovers") ---------------------------
 
-UTC = datetime.timezone.utc
-
-
-class _HoldingTarget:
-    """A target that records every call, and holds the calls of one schedule (set later,
-    once its id is known) unanswered until released: a run in flight when the region dies."""
-
-    def __init__(self) -> None:
-        self.held_schedule: str | None = None
-        self.held = threading.Event()
-        """Set once a call of ``held_schedule`` arrived."""
-        self.released = threading.Event()
-        self.server = RecordingServer(respond=self._respond)
-
-    async def _respond(self, call: Call) -> Response:
-        key = call.headers.get("idempotency-key", "")
-        if self.held_schedule is not None and key.startswith(f"{self.held_schedule}:"):
-            self.held.set()
-            while not self.released.is_set():
-                await asyncio.sleep(0.05)
-        answer: Response = await ok(call)
-        return answer
-
-    def keys_by_job(self, prefixes: set[str]) -> dict[str, set[str]]:
-        """job id -> the idempotency keys its calls carried, for the schedules named."""
-        found: dict[str, set[str]] = {}
-        for call in self.server.snapshot():
-            key = call.headers.get("idempotency-key", "")
-            if key.split(":", 1)[0] in prefixes:
-                found.setdefault(call.json["job_id"], set()).add(key)
-        return found
-
-    def calls_of(self, key: str) -> int:
-        return sum(1 for call in self.server.snapshot()
-                   if call.headers.get("idempotency-key") == key)
-
-
-def _api(router: str, api_key: str) -> httpx.Client:
-    return httpx.Client(base_url=router, headers={"Authorization": f"Bearer {api_key}"},
-                        timeout=40)
-
-
-def _create_schedule(api: httpx.Client, timing: dict[str, str], **body: Any) -> str:
-    answer = api.post("/v1/schedules", json={"schedule": timing, "target": "default",
-                                             "payload": {"n": 1}, "dispatch_window_seconds": 0,
-                                             **body})
-    assert answer.status_code == 201, answer.text
-    return str(answer.json()["schedule_id"])
-
-
-def _once_at(at: datetime.datetime) -> dict[str, str]:
-    return {"type": "ONCE", "run_at": at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
-            "time_zone": "UTC"}
-
-
-def _read(api: httpx.Client, path: str) -> dict[str, Any] | None:
-    """The answer's body, or None while the router holds or refuses (a takeover under way)."""
-    try:
-        answer = api.get(path)
-    except httpx.HTTPError:
-        return None
-    if answer.status_code != 200:
-        return None
-    body: dict[str, Any] = answer.json()
-    return body
-
-
-def _runs(api: httpx.Client, schedule_id: str) -> dict[datetime.datetime, dict[str, Any]]:
-    """The schedule's whole run history, by scheduled time (UTC), or {} while unreadable."""
-    runs: dict[datetime.datetime, dict[str, Any]] = {}
-    cursor: str | None = None
-    while True:
-        page = _read(api, f"/v1/schedules/{schedule_id}/runs?limit=200"
-                          + (f"&cursor={cursor}" if cursor else ""))
-        if page is None:
-            return {}
-        for run in page["runs"]:
-            runs[datetime.datetime.fromisoformat(run["scheduled_for"])] = run
-        cursor = page["next_cursor"]
-        if cursor is None:
-            return runs
-
-
-def _succeeded(api: httpx.Client, schedule_id: str, at: datetime.datetime) -> bool:
-    return (_runs(api, schedule_id).get(at) or {}).get("status") == "succeeded"
-
 
 def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_two_keys(
         plane: RegionPlane, router: str) -> None:
@@ -578,22 +490,22 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
     schedule is there in its state, the occurrences due during the loss run late, the cron
     goes on, every minute from its first run to its last has its run, each occurrence was
     called under its one key only, and the run in flight was repeated under the same key."""
-    target = _HoldingTarget()
+    target = HoldingTarget()
     with target.server:
         before = _cell(plane, "sched-a1")
         api_key = _tenant_in(plane, "hooli", "sched-a1", target.server, plane.namespace("ns-hooli"))
-        with _api(router, api_key) as api:
-            cron = _create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
-                                    misfire_policy="RUN_ALL")
-            paused = _create_schedule(api, {"type": "CRON", "cron": "0 8 * * MON",
-                                            "time_zone": "UTC"})
+        with schedules_api(router, api_key) as api:
+            cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
+                                   misfire_policy="RUN_ALL")
+            paused = create_schedule(api, {"type": "CRON", "cron": "0 8 * * MON",
+                                           "time_zone": "UTC"})
             assert api.post(f"/v1/schedules/{paused}:pause").status_code == 200
-            paused_before = _read(api, f"/v1/schedules/{paused}")
+            paused_before = read(api, f"/v1/schedules/{paused}")
             done_at = (datetime.datetime.now(UTC) + datetime.timedelta(seconds=3)).replace(
                 microsecond=0)
-            done = _create_schedule(api, _once_at(done_at))
-            wait_for(lambda: _succeeded(api, done, done_at) and len(_runs(api, cron)) >= 1
-                     and all(run["status"] == "succeeded" for run in _runs(api, cron).values()),
+            done = create_schedule(api, once_at(done_at))
+            wait_for(lambda: succeeded(api, done, done_at) and len(runs_of(api, cron)) >= 1
+                     and all(run["status"] == "succeeded" for run in runs_of(api, cron).values()),
                      timeout=90, what="the ONCE run and the cron's first to succeed in region-a")
             # The loss comes with the in-flight run, 3 s before the first minute at least 15 s
             # away: region-b takes over only once the lease (3 s) has run out, after that
@@ -601,9 +513,9 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
             now = datetime.datetime.now(UTC)
             minute = (now + datetime.timedelta(seconds=75)).replace(second=0, microsecond=0)
             held_at = minute - datetime.timedelta(seconds=3)
-            in_flight = _create_schedule(api, _once_at(held_at))
+            in_flight = create_schedule(api, once_at(held_at))
             target.held_schedule = in_flight
-            due_in_loss = _create_schedule(api, _once_at(minute))
+            due_in_loss = create_schedule(api, once_at(minute))
             ids = {cron, paused, done, in_flight, due_in_loss}
             standby = cell_database(plane, "sched-a1", "region-b")
             wait_for(lambda: db_rows(standby, "SELECT count(*) FROM schedules WHERE schedule_id"
@@ -620,19 +532,18 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
             status = plane.await_status("cell", "sched-a1", _serves_from("region-b", before["epoch"]),
                                         timeout=60, what="region-b to serve sched-a1")
             next_minute = minute + datetime.timedelta(minutes=1)
-            wait_for(lambda: _succeeded(api, cron, next_minute) and _succeeded(api, cron, minute)
-                     and _succeeded(api, in_flight, held_at)
-                     and _succeeded(api, due_in_loss, minute), timeout=180,
+            wait_for(lambda: succeeded(api, cron, next_minute) and succeeded(api, cron, minute)
+                     and succeeded(api, in_flight, held_at)
+                     and succeeded(api, due_in_loss, minute), timeout=180,
                      what="the runs due during the loss, the one in flight and the cron's next "
                           "to succeed in region-b")
-            states = {i: (_read(api, f"/v1/schedules/{i}") or {}).get("state") for i in ids}
-            paused_after = _read(api, f"/v1/schedules/{paused}")
-            cron_runs = _runs(api, cron)
-            once_runs = {i: _runs(api, i) for i in (done, in_flight, due_in_loss)}
+            states = {i: (read(api, f"/v1/schedules/{i}") or {}).get("state") for i in ids}
+            paused_after = read(api, f"/v1/schedules/{paused}")
+            cron_runs = runs_of(api, cron)
+            once_runs = {i: runs_of(api, i) for i in (done, in_flight, due_in_loss)}
 
         plane.restore_region("region-a")
         _rebuilt(plane, "sched-a1", status["epoch"])
-        keys_by_job = target.keys_by_job(ids)
 
     print(f"\nregion-a killed {(minute - killed_at).total_seconds():.2f}s before {minute:%H:%M}; "
           f"takeover {status['lastTakeover']['seconds']}s; the cron's run of {minute:%H:%M} "
@@ -653,17 +564,7 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
         assert datetime.datetime.fromisoformat(late["dispatched_at"]) > killed_at, late
     assert [len(runs) for runs in once_runs.values()] == [1, 1, 1]
 
-    # None under two keys: each occurrence has one run and so one key; every call the
-    # target got carried the key of its occurrence's run, whatever job made it.
-    run_keys = {run["idempotency_key"] for runs in (cron_runs, *once_runs.values())
-                for run in runs.values()}
-    for job_id, keys in keys_by_job.items():
-        assert len(keys) == 1, (job_id, keys)
-        [key] = keys
-        assert key in run_keys, key
-    called = {key for keys in keys_by_job.values() for key in keys}
-    assert {run["idempotency_key"] for runs in (cron_runs, *once_runs.values())
-            for run in runs.values() if run["status"] == "succeeded"} <= called
+    assert_one_key_per_occurrence(target, {cron: cron_runs, **once_runs})
     # The run in flight at the loss: called in region-a, held, and again in region-b, under
     # its one key.
     held_key = once_runs[in_flight][held_at]["idempotency_key"]
