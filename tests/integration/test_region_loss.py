@@ -90,8 +90,9 @@ def _tenant_in(plane: RegionPlane, name: str, cell_name: str, target: RecordingS
     return (secret_data(plane, ns, f"{name}-api-key") or {})["api-key"]
 
 
-def _cell(plane: RegionPlane, name: str, **spec: Any) -> dict[str, Any]:
-    plane.apply(cell(name, "region-a", standbyRegions=["region-b"], lease=LEASE, **spec))
+def _cell(plane: RegionPlane, name: str, lease: dict[str, float] = LEASE,
+          **spec: Any) -> dict[str, Any]:
+    plane.apply(cell(name, "region-a", standbyRegions=["region-b"], lease=lease, **spec))
     return plane.await_status(
         "cell", name, lambda s: ready(s) and all(sb.get("streaming") for sb in s.get("standbys") or [])
         and len(s.get("standbys") or []) == 1, timeout=180, what=f"cell {name} Ready with a standby")
@@ -485,14 +486,16 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
         plane: RegionPlane, router: str) -> None:
     """A minutely cron (RUN_ALL), ONCE schedules and a paused one, in a cell whose region is
     lost: the region dies while one ONCE run is in flight (its target holds the call) and
-    three seconds before a minute, so the cron's occurrence of that minute and a ONCE
-    schedule due then fall due while no region serves. After region-b takes over: every
+    less than five seconds before a minute, so the cron's occurrence of that minute and a
+    ONCE schedule due then fall due while no region serves. After region-b takes over: every
     schedule is there in its state, the occurrences due during the loss run late, the cron
     goes on, every minute from its first run to its last has its run, each occurrence was
     called under its one key only, and the run in flight was repeated under the same key."""
     target = HoldingTarget()
     with target.server:
-        before = _cell(plane, "sched-a1")
+        # A 6 s lease: region-b takes over no sooner than 5.5 s after the loss (the lease's
+        # last renewal, every 0.5 s, plus its duration).
+        before = _cell(plane, "sched-a1", lease={**LEASE, "durationSeconds": 6})
         api_key = _tenant_in(plane, "hooli", "sched-a1", target.server, plane.namespace("ns-hooli"))
         with schedules_api(router, api_key) as api:
             cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
@@ -507,12 +510,12 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
             wait_for(lambda: succeeded(api, done, done_at) and len(runs_of(api, cron)) >= 1
                      and all(run["status"] == "succeeded" for run in runs_of(api, cron).values()),
                      timeout=90, what="the ONCE run and the cron's first to succeed in region-a")
-            # The loss comes with the in-flight run, 3 s before the first minute at least 15 s
-            # away: region-b takes over only once the lease (3 s) has run out, after that
-            # minute, so the occurrences of that minute fall due while no region serves.
+            # The loss comes with the in-flight run, 5 s before the first minute at least 15 s
+            # away: if it reaches the target before that minute, region-b takes over after
+            # the minute, whose occurrences thus fall due while no region serves.
             now = datetime.datetime.now(UTC)
             minute = (now + datetime.timedelta(seconds=75)).replace(second=0, microsecond=0)
-            held_at = minute - datetime.timedelta(seconds=3)
+            held_at = minute - datetime.timedelta(seconds=5)
             in_flight = create_schedule(api, once_at(held_at))
             target.held_schedule = in_flight
             due_in_loss = create_schedule(api, once_at(minute))
@@ -546,7 +549,7 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
         _rebuilt(plane, "sched-a1", status["epoch"])
 
     print(f"\nregion-a killed {(minute - killed_at).total_seconds():.2f}s before {minute:%H:%M}; "
-          f"takeover {status['lastTakeover']['seconds']}s; the cron's run of {minute:%H:%M} "
+          f"region-b served at {status['lastTakeover']['at']}; the cron's run of {minute:%H:%M} "
           f"dispatched {cron_runs[minute]['dispatched_at']}, the in-flight run called "
           f"{target.calls_of(once_runs[in_flight][held_at]['idempotency_key'])} times")
     assert states == {cron: "active", paused: "paused", done: "completed",
@@ -560,8 +563,11 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
     assert times == [times[0] + datetime.timedelta(minutes=n) for n in range(len(times))], times
     assert times[0] < killed_at and times[-1] >= next_minute
     assert all(run["status"] == "succeeded" for at, run in cron_runs.items() if at <= next_minute)
+    # Those of the minute fell due while no region served, and region-b ran them late.
+    served_at = datetime.datetime.fromisoformat(status["lastTakeover"]["at"])
+    assert killed_at < minute <= served_at, (killed_at, served_at)
     for late in (cron_runs[minute], once_runs[due_in_loss][minute]):
-        assert datetime.datetime.fromisoformat(late["dispatched_at"]) > killed_at, late
+        assert datetime.datetime.fromisoformat(late["dispatched_at"]) >= served_at, late
     assert [len(runs) for runs in once_runs.values()] == [1, 1, 1]
 
     assert_one_key_per_occurrence(target, {cron: cron_runs, **once_runs})
