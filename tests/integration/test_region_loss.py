@@ -12,6 +12,7 @@ a planned switchover loses nothing.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -34,6 +35,8 @@ from loadclient import Load
 from metricscrape import scrape, value
 from regionplane import RegionPlane, cell, cell_database, condition, db_rows, etcd, ready, \
     secret_data, tenant
+from scheduleclient import UTC, HoldingTarget, assert_one_key_per_occurrence, create_schedule, \
+    once_at, read, runs_of, schedules_api, succeeded
 
 REGIONS = ("region-a", "region-b", "region-c")
 LEASE = {"durationSeconds": 3, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5}
@@ -87,8 +90,9 @@ def _tenant_in(plane: RegionPlane, name: str, cell_name: str, target: RecordingS
     return (secret_data(plane, ns, f"{name}-api-key") or {})["api-key"]
 
 
-def _cell(plane: RegionPlane, name: str, **spec: Any) -> dict[str, Any]:
-    plane.apply(cell(name, "region-a", standbyRegions=["region-b"], lease=LEASE, **spec))
+def _cell(plane: RegionPlane, name: str, lease: dict[str, float] = LEASE,
+          **spec: Any) -> dict[str, Any]:
+    plane.apply(cell(name, "region-a", standbyRegions=["region-b"], lease=lease, **spec))
     return plane.await_status(
         "cell", name, lambda s: ready(s) and all(sb.get("streaming") for sb in s.get("standbys") or [])
         and len(s.get("standbys") or []) == 1, timeout=180, what=f"cell {name} Ready with a standby")
@@ -473,3 +477,101 @@ def test_an_operator_paused_past_its_lease_leaves_the_deadline_in_force_in_the_r
     status = _rebuilt(plane, "pause-a1", status["epoch"])
     report = _report(plane, "pause-a1", status["epoch"])
     assert report.old_lease_deadline == in_force
+
+
+# --- schedules across a takeover (issue #19, "Moves and failovers") ---------------------------
+
+
+def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_two_keys(
+        plane: RegionPlane, router: str) -> None:
+    """A minutely cron (RUN_ALL), ONCE schedules and a paused one, in a cell whose region is
+    lost: the region dies while one ONCE run is in flight (its target holds the call) and
+    less than five seconds before a minute, so the cron's occurrence of that minute and a
+    ONCE schedule due then fall due while no region serves. After region-b takes over: every
+    schedule is there in its state, the occurrences due during the loss run late, the cron
+    goes on, every minute from its first run to its last has its run, each occurrence was
+    called under its one key only, and the run in flight was repeated under the same key."""
+    target = HoldingTarget()
+    with target.server:
+        # A 6 s lease: region-b takes over no sooner than 5.5 s after the loss (the lease's
+        # last renewal, every 0.5 s, plus its duration).
+        before = _cell(plane, "sched-a1", lease={**LEASE, "durationSeconds": 6})
+        api_key = _tenant_in(plane, "hooli", "sched-a1", target.server, plane.namespace("ns-hooli"))
+        with schedules_api(router, api_key) as api:
+            cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
+                                   misfire_policy="RUN_ALL")
+            paused = create_schedule(api, {"type": "CRON", "cron": "0 8 * * MON",
+                                           "time_zone": "UTC"})
+            assert api.post(f"/v1/schedules/{paused}:pause").status_code == 200
+            paused_before = read(api, f"/v1/schedules/{paused}")
+            done_at = (datetime.datetime.now(UTC) + datetime.timedelta(seconds=3)).replace(
+                microsecond=0)
+            done = create_schedule(api, once_at(done_at))
+            wait_for(lambda: succeeded(api, done, done_at) and len(runs_of(api, cron)) >= 1
+                     and all(run["status"] == "succeeded" for run in runs_of(api, cron).values()),
+                     timeout=90, what="the ONCE run and the cron's first to succeed in region-a")
+            # The loss comes with the in-flight run, 5 s before the first minute at least 15 s
+            # away: if it reaches the target before that minute, region-b takes over after
+            # the minute, whose occurrences thus fall due while no region serves.
+            now = datetime.datetime.now(UTC)
+            minute = (now + datetime.timedelta(seconds=75)).replace(second=0, microsecond=0)
+            held_at = minute - datetime.timedelta(seconds=5)
+            in_flight = create_schedule(api, once_at(held_at))
+            target.held_schedule = in_flight
+            due_in_loss = create_schedule(api, once_at(minute))
+            ids = {cron, paused, done, in_flight, due_in_loss}
+            standby = cell_database(plane, "sched-a1", "region-b")
+            wait_for(lambda: db_rows(standby, "SELECT count(*) FROM schedules WHERE schedule_id"
+                                              " = ANY(%s)", [uuid.UUID(i) for i in ids])
+                     == [(len(ids),)], timeout=30, what="the standby to replay the schedules")
+            target.held.wait(timeout=120)
+            assert target.held.is_set(), "the in-flight run never reached the target"
+            plane.kill_region("region-a")
+            killed_at = datetime.datetime.now(UTC)
+            target.released.set()
+            assert killed_at < minute, (
+                f"the in-flight run reached its target after {minute}: the loss came too late "
+                f"for that minute's occurrences to fall due during it")
+            status = plane.await_status("cell", "sched-a1", _serves_from("region-b", before["epoch"]),
+                                        timeout=60, what="region-b to serve sched-a1")
+            next_minute = minute + datetime.timedelta(minutes=1)
+            wait_for(lambda: succeeded(api, cron, next_minute) and succeeded(api, cron, minute)
+                     and succeeded(api, in_flight, held_at)
+                     and succeeded(api, due_in_loss, minute), timeout=180,
+                     what="the runs due during the loss, the one in flight and the cron's next "
+                          "to succeed in region-b")
+            states = {i: (read(api, f"/v1/schedules/{i}") or {}).get("state") for i in ids}
+            paused_after = read(api, f"/v1/schedules/{paused}")
+            cron_runs = runs_of(api, cron)
+            once_runs = {i: runs_of(api, i) for i in (done, in_flight, due_in_loss)}
+
+        plane.restore_region("region-a")
+        _rebuilt(plane, "sched-a1", status["epoch"])
+
+    print(f"\nregion-a killed {(minute - killed_at).total_seconds():.2f}s before {minute:%H:%M}; "
+          f"region-b served at {status['lastTakeover']['at']}; the cron's run of {minute:%H:%M} "
+          f"dispatched {cron_runs[minute]['dispatched_at']}, the in-flight run called "
+          f"{target.calls_of(once_runs[in_flight][held_at]['idempotency_key'])} times")
+    assert states == {cron: "active", paused: "paused", done: "completed",
+                      in_flight: "completed", due_in_loss: "completed"}
+    assert paused_after is not None and paused_before is not None
+    assert paused_after["next_run_at"] == paused_before["next_run_at"]
+
+    # None lost: every minute from the cron's first run to its last has its run, those due
+    # during the loss included (RUN_ALL: each missed occurrence runs), and all succeeded.
+    times = sorted(cron_runs)
+    assert times == [times[0] + datetime.timedelta(minutes=n) for n in range(len(times))], times
+    assert times[0] < killed_at and times[-1] >= next_minute
+    assert all(run["status"] == "succeeded" for at, run in cron_runs.items() if at <= next_minute)
+    # Those of the minute fell due while no region served, and region-b ran them late.
+    served_at = datetime.datetime.fromisoformat(status["lastTakeover"]["at"])
+    assert killed_at < minute <= served_at, (killed_at, served_at)
+    for late in (cron_runs[minute], once_runs[due_in_loss][minute]):
+        assert datetime.datetime.fromisoformat(late["dispatched_at"]) >= served_at, late
+    assert [len(runs) for runs in once_runs.values()] == [1, 1, 1]
+
+    assert_one_key_per_occurrence(target, {cron: cron_runs, **once_runs})
+    # The run in flight at the loss: called in region-a, held, and again in region-b, under
+    # its one key.
+    held_key = once_runs[in_flight][held_at]["idempotency_key"]
+    assert target.calls_of(held_key) >= 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import re
 import signal
@@ -37,6 +38,8 @@ from httpservers import Call, RecordingServer
 from loadclient import Load
 from regionplane import RegionPlane, cell, cell_database, condition, db_rows, ready, ready_cell, \
     records, secret_data, tenant
+from scheduleclient import UTC, HoldingTarget, assert_one_key_per_occurrence, create_schedule, \
+    once_at, read, runs_of, schedules_api, succeeded
 
 TERMINAL = ("Completed", "Aborted", "Failed")
 FAILPOINT_EXIT = 86
@@ -336,6 +339,69 @@ def test_a_source_worker_paused_across_the_cutover_writes_nothing_after_it(
         release.set()
         in_step.stop()
 
+
+
+def test_schedules_move_and_go_on_with_no_occurrence_lost_or_run_under_two_keys(
+        plane: RegionPlane, router: str, cells: tuple[str, str]) -> None:
+    """A minutely cron (RUN_ALL), a paused schedule and ONCE schedules, one of them in flight
+    (its target holds the call) while the tenant moves: in the target cell every schedule is
+    there in its state with its history, the cron goes on with every minute from its first
+    run to its last run once, the source dispatches nothing after the cutover, and the run
+    in flight is repeated under its one key."""
+    source, destination = cells
+    target = HoldingTarget()
+    with target.server, contextlib.ExitStack() as release:
+        release.callback(target.released.set)
+        namespace, tenant_id, api_key = _tenant(plane, "ticker", source, target.server)
+        source_db = cell_database(plane, source)
+        with schedules_api(router, api_key) as api:
+            cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
+                                   misfire_policy="RUN_ALL")
+            paused = create_schedule(api, {"type": "CRON", "cron": "0 8 * * MON",
+                                           "time_zone": "UTC"})
+            assert api.post(f"/v1/schedules/{paused}:pause").status_code == 200
+            paused_before = read(api, f"/v1/schedules/{paused}")
+            wait_for(lambda: len(runs_of(api, cron)) >= 1
+                     and all(run["status"] == "succeeded" for run in runs_of(api, cron).values()),
+                     timeout=90, what="the cron's first run to succeed in the source")
+            held_at = (datetime.datetime.now(UTC) + datetime.timedelta(seconds=3)).replace(
+                microsecond=0)
+            in_flight = create_schedule(api, once_at(held_at))
+            target.held_schedule = in_flight
+            assert target.held.wait(timeout=60), "the in-flight run never reached the target"
+            _move(plane, "ticker-away", namespace, "ticker", destination)
+            status = _ended(plane, "ticker-away", namespace)
+            assert status["phase"] == "Completed", status
+            moved_at = datetime.datetime.now(UTC)
+            target.released.set()
+            after = (moved_at + datetime.timedelta(minutes=1)).replace(second=0, microsecond=0)
+            wait_for(lambda: succeeded(api, cron, after) and succeeded(api, in_flight, held_at),
+                     timeout=150, what="the run in flight and the cron's next after the move "
+                                       "to succeed in the target")
+            states = {i: (read(api, f"/v1/schedules/{i}") or {}).get("state")
+                      for i in (cron, paused, in_flight)}
+            paused_after = read(api, f"/v1/schedules/{paused}")
+            histories = {cron: runs_of(api, cron), in_flight: runs_of(api, in_flight)}
+
+    assert states == {cron: "active", paused: "paused", in_flight: "completed"}
+    assert paused_after is not None and paused_before is not None
+    assert paused_after["next_run_at"] == paused_before["next_run_at"]
+    times = sorted(histories[cron])
+    assert times == [times[0] + datetime.timedelta(minutes=n) for n in range(len(times))], times
+    assert times[-1] >= after
+    # A run whose job finished in the source is listed without its outcome (the job stayed
+    # there); every other one up to the awaited one succeeded in the target.
+    assert all(run["status"] in ("succeeded", None)
+               for at, run in histories[cron].items() if at <= after)
+    # Every run the source dispatched is the target's, same job: none after the cutover.
+    in_source = db_rows(source_db, "SELECT schedule_id::text, scheduled_for, job_id::text "
+                                   "FROM schedule_runs WHERE tenant_id = %s", tenant_id)
+    assert in_source
+    for schedule_id, scheduled_for, job_id in in_source:
+        assert str(histories[schedule_id][scheduled_for]["job_id"]) == job_id
+    assert_one_key_per_occurrence(target, histories)
+    held_key = histories[in_flight][held_at]["idempotency_key"]
+    assert target.calls_of(held_key) >= 2
 
 def _api(plane: RegionPlane, cell_name: str) -> str:
     found = plane.get("cell", cell_name) or {}
