@@ -4,7 +4,10 @@ Runs beside the workers. Each pass, in one transaction: lock a batch of due
 schedules (due by the database's ``now()``, never a process clock), let the
 domain plan each one (the misfire policy after an outage or a pause, the next
 occurrence from the scheduled time), insert one ``schedule_runs`` row and one
-job per run, carrying the run's idempotency key, and move the schedule on.
+job per run, carrying the run's idempotency key, and move the schedules on.
+The inserts and the advance are one statement each for the whole batch: a
+top-of-the-minute burst is thousands of schedules due in the same second
+(``benchmarks/schedules.py``).
 Two dispatchers never take the same schedule (row locks, SKIP LOCKED), and if
 one did, the run's primary key and the conditional advance would turn the
 second copy into nothing. The workers then claim the jobs like any other.
@@ -13,9 +16,10 @@ second copy into nothing. The workers then claim the jobs like any other.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -55,49 +59,78 @@ class Dispatched:
     """Jobs created: one per run, none for an occurrence already dispatched."""
 
 
-def _dispatch_one(cursor: psycopg.Cursor[dict[str, Any]], row: dict[str, Any],
-                  lags: list[float]) -> int:
-    plan = plan_due(timing_of(row), next_at=row["next_at"], offset=row["dispatch_offset"],
-                    misfire=misfire_of(row), now=row["now"])
-    schedule_id = ScheduleId(row["schedule_id"])
-    last_job: uuid.UUID | None = None
-    created = 0
-    for scheduled_for in plan.runs:
-        job_id = uuid.uuid4()
-        key = idempotency_key(schedule_id, scheduled_for)
-        params = {"schedule_id": schedule_id, "scheduled_for": scheduled_for,
-                  "tenant_id": row["tenant_id"], "job_id": job_id, "idempotency_key": key,
-                  "target": row["target"], "payload": Jsonb(row["payload"]),
-                  "max_attempts": row["max_attempts"], "priority": row["priority"]}
-        if cursor.execute(query("insert_run"), params).fetchone() is None:
-            continue  # this occurrence has its job already
-        cursor.execute(query("insert_scheduled_job"), params)
-        cursor.execute(query("insert_scheduled_step"), params)
-        cursor.execute(query("insert_accepted_event"), params)
-        last_job = job_id
-        created += 1
-        lags.append((row["now"] - (scheduled_for + row["dispatch_offset"])).total_seconds())
-    advanced = cursor.execute(query("advance_schedule"), {
-        "schedule_id": schedule_id, "next_at": plan.next_at, "last_job_id": last_job,
-        "planned_from": row["next_at"]}).fetchone()
-    # The row is locked by this transaction since it was read: nothing can
-    # have moved it on meanwhile.
-    assert advanced is not None, f"schedule {schedule_id} moved while locked"
-    return created
+@dataclass
+class _Pass:
+    """One pass's planned runs, column by column (the statement unnests them)."""
+
+    schedule_ids: list[ScheduleId] = field(default_factory=list)
+    scheduled_fors: list[datetime.datetime] = field(default_factory=list)
+    tenant_ids: list[str] = field(default_factory=list)
+    job_ids: list[uuid.UUID] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
+    payloads: list[Jsonb] = field(default_factory=list)
+    max_attempts: list[int] = field(default_factory=list)
+    priorities: list[str] = field(default_factory=list)
+
+    def add(self, row: dict[str, Any], scheduled_for: datetime.datetime) -> None:
+        schedule_id = ScheduleId(row["schedule_id"])
+        self.schedule_ids.append(schedule_id)
+        self.scheduled_fors.append(scheduled_for)
+        self.tenant_ids.append(row["tenant_id"])
+        self.job_ids.append(uuid.uuid4())
+        self.keys.append(idempotency_key(schedule_id, scheduled_for))
+        self.targets.append(row["target"])
+        self.payloads.append(Jsonb(row["payload"]))
+        self.max_attempts.append(row["max_attempts"])
+        self.priorities.append(row["priority"])
 
 
 def dispatch_due(conn: psycopg.Connection[Any], *, batch: int) -> Dispatched:
-    """One pass over due schedules, in one transaction."""
-    jobs = 0
+    """One pass over due schedules, in one transaction: the batch's runs, jobs
+    and events are inserted by one statement, their steps by a second, and the
+    schedules moved on by a third."""
     lags: list[float] = []
     with translate_errors(), conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
         rows = cursor.execute(query("lock_due_schedules"), {"batch": batch}).fetchall()
-        for row in rows:
-            jobs += _dispatch_one(cursor, row, lags)
+        if not rows:
+            return Dispatched(schedules=0, jobs=0)
+        plans = {row["schedule_id"]: (row, plan_due(
+            timing_of(row), next_at=row["next_at"], offset=row["dispatch_offset"],
+            misfire=misfire_of(row), now=row["now"])) for row in rows}
+        planned = _Pass()
+        for row, plan in plans.values():
+            for scheduled_for in plan.runs:
+                planned.add(row, scheduled_for)
+        made = (cursor.execute(query("insert_runs"), vars(planned)).fetchall()
+                if planned.job_ids else [])
+        if made:
+            cursor.execute(query("insert_run_steps"), {
+                "job_ids": [run["job_id"] for run in made],
+                "keys": [run["idempotency_key"] for run in made]})
+        # An occurrence dispatched before made no run now; the schedule's
+        # latest job is that of its latest run made in this pass, if any.
+        latest: dict[uuid.UUID, tuple[datetime.datetime, uuid.UUID]] = {}
+        for run in made:
+            row, _ = plans[run["schedule_id"]]
+            lags.append((row["now"] - (run["scheduled_for"] + row["dispatch_offset"]))
+                        .total_seconds())
+            known = latest.get(run["schedule_id"])
+            if known is None or run["scheduled_for"] > known[0]:
+                latest[run["schedule_id"]] = (run["scheduled_for"], run["job_id"])
+        ids = list(plans)
+        advanced = cursor.execute(query("advance_schedules"), {
+            "schedule_ids": ids,
+            "next_ats": [plans[i][1].next_at for i in ids],
+            "last_job_ids": [latest[i][1] if i in latest else None for i in ids],
+            "planned_froms": [plans[i][0]["next_at"] for i in ids]}).fetchall()
+        # The rows are locked by this transaction since they were read: nothing
+        # can have moved one on meanwhile.
+        assert len(advanced) == len(ids), f"{len(ids) - len(advanced)} schedules moved while locked"
     # Observed once committed: a pass that rolled back queued nothing.
     for lag in lags:
         SCHEDULE_DISPATCH_LAG.observe(lag)
-    return Dispatched(schedules=len(rows), jobs=jobs)
+    return Dispatched(schedules=len(rows), jobs=len(made))
 
 
 def prune_runs(conn: psycopg.Connection[Any], *, days: int) -> int:
