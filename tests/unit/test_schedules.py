@@ -234,6 +234,8 @@ def test_the_offset_in_the_window_is_a_stable_hash_of_the_schedule_id() -> None:
 def test_the_offset_stays_inside_the_window(schedule: uuid.UUID, window: int) -> None:
     offset = dispatch_offset(ScheduleId(schedule), window)
     assert datetime.timedelta(0) <= offset < datetime.timedelta(seconds=window)
+    margin = min(datetime.timedelta(seconds=1), datetime.timedelta(seconds=window) / 2)
+    assert offset < datetime.timedelta(seconds=window) - margin
 
 
 def test_the_run_key_is_the_schedule_and_its_scheduled_time_in_utc() -> None:

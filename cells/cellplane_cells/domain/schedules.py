@@ -276,13 +276,23 @@ def _last_due(timing: Timing, floor: datetime.datetime, horizon: datetime.dateti
     raise AssertionError("the last search span starts at the floor")
 
 
+DISPATCH_MARGIN_MILLIS = 1000
+"""What a window keeps free at its end for the dispatcher's poll and pass."""
+
+
 def dispatch_offset(schedule_id: ScheduleId, window_seconds: int) -> datetime.timedelta:
     """Where in its window every run of a schedule starts: a hash of its id, not a
-    random draw, so a restart or a reload never gives one run two start times."""
+    random draw, so a restart or a reload never gives one run two start times.
+
+    The hash spreads runs over the window less its last second (its last half, for a
+    window under two seconds): a run due at the very end would otherwise start past
+    it, one dispatcher poll and one pass late."""
     if window_seconds <= 0:
         return datetime.timedelta(0)
+    window_millis = window_seconds * 1000
+    span = window_millis - min(DISPATCH_MARGIN_MILLIS, window_millis // 2)
     digest = hashlib.sha256(str(schedule_id).encode()).digest()
-    millis = int.from_bytes(digest[:8], "big") % (window_seconds * 1000)
+    millis = int.from_bytes(digest[:8], "big") % span
     return datetime.timedelta(milliseconds=millis)
 
 
