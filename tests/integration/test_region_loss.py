@@ -493,9 +493,9 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
     called under its one key only, and the run in flight was repeated under the same key."""
     target = HoldingTarget()
     with target.server:
-        # A 6 s lease: region-b takes over no sooner than 5.5 s after the loss (the lease's
+        # A 15 s lease: region-b takes over no sooner than 14.5 s after the loss (the lease's
         # last renewal, every 0.5 s, plus its duration).
-        before = _cell(plane, "sched-a1", lease={**LEASE, "durationSeconds": 6})
+        before = _cell(plane, "sched-a1", lease={**LEASE, "durationSeconds": 15})
         api_key = _tenant_in(plane, "hooli", "sched-a1", target.server, plane.namespace("ns-hooli"))
         with schedules_api(router, api_key) as api:
             cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
@@ -510,12 +510,13 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
             wait_for(lambda: succeeded(api, done, done_at) and len(runs_of(api, cron)) >= 1
                      and all(run["status"] == "succeeded" for run in runs_of(api, cron).values()),
                      timeout=90, what="the ONCE run and the cron's first to succeed in region-a")
-            # The loss comes with the in-flight run, 5 s before the first minute at least 15 s
-            # away: if it reaches the target before that minute, region-b takes over after
-            # the minute, whose occurrences thus fall due while no region serves.
+            # The loss comes with the in-flight run, 12 s before the first minute at least 30 s
+            # away: if it reaches the target before that minute (12 s of slack for a busy
+            # machine's dispatch and claim), region-b takes over after the minute, whose
+            # occurrences thus fall due while no region serves.
             now = datetime.datetime.now(UTC)
-            minute = (now + datetime.timedelta(seconds=75)).replace(second=0, microsecond=0)
-            held_at = minute - datetime.timedelta(seconds=5)
+            minute = (now + datetime.timedelta(seconds=90)).replace(second=0, microsecond=0)
+            held_at = minute - datetime.timedelta(seconds=12)
             in_flight = create_schedule(api, once_at(held_at))
             target.held_schedule = in_flight
             due_in_loss = create_schedule(api, once_at(minute))
