@@ -204,8 +204,9 @@ def test_the_adaptive_reaper_starts_no_live_job_twice_and_still_takes_back_a_dea
     measured = run_outage(cell_db, cell_postgres.postgres["cell"], tmp_path, "adaptive")
     report("adaptive", measured)
     assert (measured.live_started_twice, measured.live_attempts_over_one) == (0, 0)
-    # One lease of grace, then the next pass, a claim round and the call: about a lease.
-    assert LEASE - 0.25 <= measured.dead_job_back_after_seconds <= LEASE + 4
+    # One lease of grace, then the next pass, a claim round and the call: about a lease. The
+    # upper bound only says "bounded": a busy machine delays the pass and the claim by seconds.
+    assert LEASE - 0.25 <= measured.dead_job_back_after_seconds <= LEASE + 12
 
 
 def test_the_immediate_reaper_starts_live_jobs_twice(
