@@ -16,7 +16,8 @@ from starlette.responses import Response
 
 from httpservers import Call, RecordingServer, ok
 
-__all__ = ["UTC", "HoldingTarget", "schedules_api", "create_schedule", "once_at", "read",
+__all__ = ["UTC", "HoldingTarget", "schedules_api", "create_schedule", "minutely_and_paused",
+           "once_at", "read",
            "runs_of", "succeeded", "assert_one_key_per_occurrence"]
 
 UTC = datetime.timezone.utc
@@ -68,6 +69,16 @@ def create_schedule(api: httpx.Client, timing: dict[str, str], **body: Any) -> s
                                              **body})
     assert answer.status_code == 201, answer.text
     return str(answer.json()["schedule_id"])
+
+
+def minutely_and_paused(api: httpx.Client) -> tuple[str, str, dict[str, Any] | None]:
+    """A minutely RUN_ALL cron (none of its occurrences may be lost) and a paused weekly one,
+    read back once paused: its ``next_run_at`` must survive what the test does."""
+    cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
+                           misfire_policy="RUN_ALL")
+    paused = create_schedule(api, {"type": "CRON", "cron": "0 8 * * MON", "time_zone": "UTC"})
+    assert api.post(f"/v1/schedules/{paused}:pause").status_code == 200
+    return cron, paused, read(api, f"/v1/schedules/{paused}")
 
 
 def once_at(at: datetime.datetime) -> dict[str, str]:

@@ -36,7 +36,7 @@ from metricscrape import scrape, value
 from regionplane import RegionPlane, cell, cell_database, condition, db_rows, etcd, ready, \
     secret_data, tenant
 from scheduleclient import UTC, HoldingTarget, assert_one_key_per_occurrence, create_schedule, \
-    once_at, read, runs_of, schedules_api, succeeded
+    minutely_and_paused, once_at, read, runs_of, schedules_api, succeeded
 
 REGIONS = ("region-a", "region-b", "region-c")
 LEASE = {"durationSeconds": 3, "renewIntervalSeconds": 0.5, "marginSeconds": 0.5}
@@ -498,12 +498,7 @@ def test_schedules_survive_a_region_loss_with_no_occurrence_lost_or_run_under_tw
         before = _cell(plane, "sched-a1", lease={**LEASE, "durationSeconds": 15})
         api_key = _tenant_in(plane, "hooli", "sched-a1", target.server, plane.namespace("ns-hooli"))
         with schedules_api(router, api_key) as api:
-            cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
-                                   misfire_policy="RUN_ALL")
-            paused = create_schedule(api, {"type": "CRON", "cron": "0 8 * * MON",
-                                           "time_zone": "UTC"})
-            assert api.post(f"/v1/schedules/{paused}:pause").status_code == 200
-            paused_before = read(api, f"/v1/schedules/{paused}")
+            cron, paused, paused_before = minutely_and_paused(api)
             done_at = (datetime.datetime.now(UTC) + datetime.timedelta(seconds=3)).replace(
                 microsecond=0)
             done = create_schedule(api, once_at(done_at))

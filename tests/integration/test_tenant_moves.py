@@ -39,7 +39,7 @@ from loadclient import Load
 from regionplane import RegionPlane, cell, cell_database, condition, db_rows, ready, ready_cell, \
     records, secret_data, tenant
 from scheduleclient import UTC, HoldingTarget, assert_one_key_per_occurrence, create_schedule, \
-    once_at, read, runs_of, schedules_api, succeeded
+    minutely_and_paused, once_at, read, runs_of, schedules_api, succeeded
 
 TERMINAL = ("Completed", "Aborted", "Failed")
 FAILPOINT_EXIT = 86
@@ -355,12 +355,7 @@ def test_schedules_move_and_go_on_with_no_occurrence_lost_or_run_under_two_keys(
         namespace, tenant_id, api_key = _tenant(plane, "ticker", source, target.server)
         source_db = cell_database(plane, source)
         with schedules_api(router, api_key) as api:
-            cron = create_schedule(api, {"type": "CRON", "cron": "* * * * *", "time_zone": "UTC"},
-                                   misfire_policy="RUN_ALL")
-            paused = create_schedule(api, {"type": "CRON", "cron": "0 8 * * MON",
-                                           "time_zone": "UTC"})
-            assert api.post(f"/v1/schedules/{paused}:pause").status_code == 200
-            paused_before = read(api, f"/v1/schedules/{paused}")
+            cron, paused, paused_before = minutely_and_paused(api)
             wait_for(lambda: len(runs_of(api, cron)) >= 1
                      and all(run["status"] == "succeeded" for run in runs_of(api, cron).values()),
                      timeout=90, what="the cron's first run to succeed in the source")
